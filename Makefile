@@ -1,0 +1,57 @@
+# The two commands a fresh clone needs:  `make run`  and  `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+BIN := $(VENV)/bin
+FULL ?= 0
+CORPUS ?= data/corpus
+PORT ?= 50051
+
+.PHONY: run test setup redis corpus ingest serve lint typecheck proto proto-check unit integration bench clean
+
+## run: install, start Redis if none answers, fetch + ingest the R manuals, serve on :$(PORT)
+##      (FULL=1: the whole eval corpus, refman and the texlive samples included)
+run: setup redis corpus ingest serve
+
+## test: install, start Redis if none answers, check generated code, lint, type-check, test
+test: setup redis proto-check lint typecheck
+	$(BIN)/python -m pytest -q
+
+setup:
+	@scripts/setup.sh
+
+redis:
+	@scripts/ensure_redis.sh
+
+corpus:
+	@FULL=$(FULL) scripts/fetch_corpus.sh $(CORPUS)
+
+ingest:
+	$(BIN)/ragline ingest $(CORPUS)
+
+serve:
+	$(BIN)/ragline serve --port $(PORT)
+
+proto:
+	$(BIN)/python proto/gen.py
+
+proto-check:
+	@$(BIN)/python proto/gen.py --check
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck:
+	$(BIN)/mypy .
+
+unit: setup
+	$(BIN)/python -m pytest -q -m unit
+
+integration: setup redis
+	$(BIN)/python -m pytest -q -m integration
+
+bench: setup redis
+	$(BIN)/python bench/slice.py
+
+clean:
+	rm -rf var build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,103 @@
+"""Turn raw model output into an :class:`Answer` that is grounded, or INSUFFICIENT_INFO.
+
+A small model invents answers to unanswerable questions, so the prompt is not trusted alone:
+the answer's new content words (those not already in the question) must occur in the cited
+passages, else the answer becomes INSUFFICIENT_INFO with reason ``unsupported``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from ragline.types import INSUFFICIENT_INFO, Answer, Citation, Hit
+
+_CITATION = re.compile(r"\[(\d{1,2})\]")
+_TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$:\-]*[A-Za-z0-9_]|[A-Za-z0-9]")
+_STOPWORD_TEXT = """
+a an the and or of to in on for with by from as at is are was were be been being it
+its this that these those you your we our they their he she his her which what who whom whose when
+where why how can could should would will shall may might must do does did done not no yes use used
+using uses also there here than then so such if else into onto about via per answer passage passages
+question function functions"""
+_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+
+
+def content_tokens(text: str) -> set[str]:
+    """Lower-cased content words of a text (stopwords and 1-character tokens dropped)."""
+    tokens = {t.lower().strip(".:-") for t in _TOKEN.findall(text)}
+    return {t for t in tokens if len(t) > 1 and t not in _STOPWORDS}
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\[])")
+
+
+def clean_output(raw: str, max_sentences: int = 2) -> str:
+    """First non-empty paragraph, without list numbering, repeated sentences (greedy decoding
+    of a small model loops) or a trailing 'The answer is:'; at most ``max_sentences``."""
+    text = raw.strip()
+    for paragraph in re.split(r"\n\s*\n", text):
+        if paragraph.strip():
+            text = paragraph.strip()
+            break
+    lines = [re.sub(r"^\s*(\d+\.|[-*])\s+", "", line).strip() for line in text.splitlines()]
+    seen: list[str] = []
+    for line in lines:
+        if line and line not in seen:
+            seen.append(line)
+    text = re.sub(r"\s*(the answer is|answer)\s*:?\s*$", "", " ".join(seen), flags=re.I)
+    sentences: list[str] = []
+    for sentence in _SENTENCE_END.split(text.strip()):
+        if sentence and sentence not in sentences:
+            sentences.append(sentence)
+    return " ".join(sentences[:max_sentences]).strip()
+
+
+def check_answer(
+    question: str, raw_output: str, evidence: Sequence[Hit], min_support: float = 0.6
+) -> Answer:
+    """Parse citations and apply the support check.
+
+    Args:
+        question: the user's question (its words do not count as support).
+        raw_output: what the model generated.
+        evidence: the passages, numbered [1]..[n] in the prompt.
+        min_support: share of the answer's new content words that must occur in the cited text.
+    """
+    text = clean_output(raw_output)
+    if not evidence:
+        return Answer.insufficient_info("no_evidence")
+    if INSUFFICIENT_INFO in text:
+        return Answer.insufficient_info("model_abstained")
+    if not text:
+        return Answer.insufficient_info("empty_output")
+    cited = sorted({int(n) for n in _CITATION.findall(text) if 1 <= int(n) <= len(evidence)})
+    body = _CITATION.sub("", text).strip()
+    new_words = content_tokens(body) - content_tokens(question)
+    if not new_words:
+        return Answer.insufficient_info("no_content")
+    if not cited:
+        # The model gave no usable [n]: cite the passages that carry the answer's words.
+        coverage = [
+            (len(new_words & content_tokens(h.chunk.text)), n)
+            for n, h in enumerate(evidence, start=1)
+        ]
+        best = max(c for c, _ in coverage)
+        cited = [n for c, n in coverage if c == best and c > 0][:2]
+    support_text = content_tokens(" ".join(evidence[n - 1].chunk.text for n in cited))
+    supported = len(new_words & support_text) / len(new_words)
+    if not cited or supported < min_support:
+        return Answer.insufficient_info("unsupported")
+    citations = tuple(
+        Citation(
+            number=n,
+            chunk_id=evidence[n - 1].chunk.chunk_id,
+            doc_id=evidence[n - 1].chunk.doc_id,
+            pages=evidence[n - 1].chunk.pages,
+            source=evidence[n - 1].chunk.source,
+        )
+        for n in cited
+    )
+    if not _CITATION.search(text):
+        text = f"{text} " + "".join(f"[{n}]" for n in cited)
+    return Answer(text=text, citations=citations)

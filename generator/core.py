@@ -1,0 +1,63 @@
+"""The generator stage: evidence in, a checked :class:`Answer` (or INSUFFICIENT_INFO) out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from generator.contract import check_answer
+from generator.prompt import build_messages
+from ragline.types import Answer, Hit
+
+
+class TextBackend(Protocol):
+    """A model that streams text for chat messages."""
+
+    model_id: str
+
+    def warm_up(self) -> None: ...
+
+    def stream(self, messages: list[dict[str, str]], max_new_tokens: int) -> AsyncIterator[str]: ...
+
+
+class AnswerGenerator:
+    """Prompt → backend → contract. Empty evidence never reaches the model."""
+
+    def __init__(
+        self,
+        backend: TextBackend,
+        max_new_tokens: int = 96,
+        max_evidence_chars: int = 3000,
+        min_support: float = 0.6,
+    ) -> None:
+        self.backend = backend
+        self.max_new_tokens = max_new_tokens
+        self.max_evidence_chars = max_evidence_chars
+        self.min_support = min_support
+
+    def warm_up(self) -> None:
+        self.backend.warm_up()
+
+    async def stream(
+        self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0
+    ) -> AsyncIterator[str | Answer]:
+        """Yield raw text deltas, then the checked :class:`Answer` last."""
+        if not evidence:
+            yield Answer.insufficient_info("no_evidence")
+            return
+        messages = build_messages(question, evidence, self.max_evidence_chars)
+        parts: list[str] = []
+        async for delta in self.backend.stream(messages, max_new_tokens or self.max_new_tokens):
+            parts.append(delta)
+            yield delta
+        yield check_answer(question, "".join(parts), evidence, self.min_support)
+
+    async def answer(
+        self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0
+    ) -> Answer:
+        result: Answer | None = None
+        async for item in self.stream(question, evidence, max_new_tokens):
+            if isinstance(item, Answer):
+                result = item
+        assert result is not None
+        return result

@@ -1,0 +1,99 @@
+"""Read a PDF into cleaned page texts with PyMuPDF, refusing bad input with a clear reason."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import pymupdf
+
+from ragline.errors import InvalidArgument
+
+PDF_MAGIC = b"%PDF-"
+
+
+@dataclass(frozen=True, slots=True)
+class PdfLimits:
+    """Bounds that keep one bad file from exhausting memory or time."""
+
+    max_bytes: int = 200 * 1024 * 1024
+    max_pages: int = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedDocument:
+    doc_id: str
+    source: str
+    content_hash: str
+    """sha256 of the file bytes: the identity of this version of the document."""
+    pages: tuple[str, ...]
+    """Cleaned text per physical page; index i is page i + 1."""
+
+
+_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
+_SPACES = re.compile(r"[ \t\u00a0]+")
+_BLANK_LINES = re.compile(r"\n{3,}")
+
+
+def clean_page_text(text: str) -> str:
+    """Normalise ligatures and odd unicode (NFKC), re-join line-end hyphenation, tidy spaces."""
+    text = unicodedata.normalize("NFKC", text)
+    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    text = _SPACES.sub(" ", text)
+    return _BLANK_LINES.sub("\n\n", text).strip()
+
+
+def doc_id_for(name: str) -> str:
+    """The document id for a file name: its stem (``R-data.pdf`` → ``R-data``)."""
+    stem = Path(name).stem.strip()
+    if not stem:
+        raise InvalidArgument.for_field("name", f"cannot derive a document id from {name!r}")
+    return stem
+
+
+def read_pdf(
+    data: bytes, name: str, limits: PdfLimits | None = None, doc_id: str | None = None
+) -> ParsedDocument:
+    """Parse PDF bytes into cleaned page texts.
+
+    Raises:
+        InvalidArgument: not a PDF, corrupt, encrypted, empty, over the limits, or no text.
+    """
+    limits = limits or PdfLimits()
+
+    def bad(description: str) -> InvalidArgument:
+        return InvalidArgument.for_field("document", f"{name}: {description}")
+
+    if len(data) > limits.max_bytes:
+        raise bad(f"{len(data)} bytes is over the limit of {limits.max_bytes}")
+    if not data.lstrip()[:1024].startswith(PDF_MAGIC):
+        raise bad("not a PDF (no %PDF- header)")
+    try:
+        doc = pymupdf.open(stream=data, filetype="pdf")
+    except Exception as exc:  # PyMuPDF raises several types for broken files
+        raise bad(f"corrupt PDF ({exc})") from exc
+    with doc:
+        if doc.needs_pass or doc.is_encrypted:
+            raise bad("encrypted PDF (password required)")
+        if doc.page_count == 0:
+            raise bad("PDF has no pages")
+        if doc.page_count > limits.max_pages:
+            raise bad(f"{doc.page_count} pages is over the limit of {limits.max_pages}")
+        try:
+            pages = tuple(
+                clean_page_text(page.get_text("text", flags=pymupdf.TEXT_DEHYPHENATE))
+                for page in doc.pages()
+            )
+        except Exception as exc:
+            raise bad(f"corrupt PDF: text extraction failed ({exc})") from exc
+    if not any(pages):
+        raise bad("no extractable text (scanned or image-only PDF)")
+    return ParsedDocument(
+        doc_id=doc_id or doc_id_for(name),
+        source=Path(name).name,
+        content_hash=hashlib.sha256(data).hexdigest(),
+        pages=pages,
+    )

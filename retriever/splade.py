@@ -1,0 +1,96 @@
+"""SPLADE document and query encoding through sentence-transformers' ``SparseEncoder``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from ragline.types import SparseVector
+from retriever.models import resolve_splade
+
+logger = logging.getLogger(__name__)
+
+
+class SpladeEncoder:
+    """Encodes documents to a CSR matrix and queries to :class:`SparseVector`.
+
+    Light ``__init__``; :meth:`warm_up` loads the model.
+    """
+
+    def __init__(
+        self, model: str, max_seq_length: int = 512, batch_size: int = 32, threads: int = 0
+    ) -> None:
+        self.model_id = model
+        self.max_seq_length = max_seq_length
+        self.batch_size = batch_size
+        self.threads = threads
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def warm_up(self) -> None:
+        with self._lock:
+            if self._model is not None:
+                return
+            import torch
+            from sentence_transformers import SparseEncoder
+
+            if self.threads > 0:
+                torch.set_num_threads(self.threads)
+            path = resolve_splade(self.model_id)
+            logger.info("loading SPLADE model %s from %s", self.model_id, path)
+            model = SparseEncoder(path, device="cpu")
+            model.max_seq_length = min(self.max_seq_length, model.max_seq_length or 512)
+            self._model = model
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            self.warm_up()
+        return self._model
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model[0].auto_model.config.vocab_size)
+
+    @property
+    def uncased(self) -> bool:
+        """Whether the tokenizer lower-cases (then the query cache may case-fold keys)."""
+        return bool(getattr(self.model.tokenizer, "do_lower_case", False))
+
+    def encode_documents(self, texts: Sequence[str]) -> sp.csr_matrix:
+        """Encode passages into a ``len(texts) x vocab`` CSR matrix (float32)."""
+        if not texts:
+            return sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
+        tensor = self.model.encode_document(
+            list(texts), batch_size=self.batch_size, convert_to_sparse_tensor=True
+        )
+        return _to_csr(tensor, len(texts), self.vocab_size)
+
+    def encode_query(self, text: str) -> SparseVector:
+        tensor = self.model.encode_query([text], convert_to_sparse_tensor=True)
+        row = _to_csr(tensor, 1, self.vocab_size)
+        return SparseVector(
+            indices=tuple(int(i) for i in row.indices),
+            values=tuple(float(v) for v in row.data),
+        )
+
+    def decode(self, vector: SparseVector, top_k: int = 10) -> list[tuple[str, float]]:
+        """The strongest terms of a vector, for explanations and debugging."""
+        order = np.argsort(vector.values)[::-1][:top_k]
+        tokens = self.model.tokenizer.convert_ids_to_tokens([vector.indices[i] for i in order])
+        return [(t, vector.values[i]) for t, i in zip(tokens, order, strict=True)]
+
+
+def _to_csr(tensor: Any, rows: int, cols: int) -> sp.csr_matrix:
+    coo = tensor.coalesce().cpu()
+    idx = coo.indices().numpy()
+    vals = coo.values().float().numpy()
+    matrix = sp.csr_matrix((vals, (idx[0], idx[1])), shape=(rows, cols), dtype=np.float32)
+    matrix.sum_duplicates()
+    matrix.sort_indices()
+    return matrix

@@ -1,0 +1,255 @@
+"""The ``ragline`` command: batch ingest, the server, and gRPC clients."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+import grpc
+
+from services.settings import Settings, describe_settings
+
+EPILOG = "Configuration (environment variables, with defaults):\n" + describe_settings()
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings()
+    if getattr(args, "index_dir", None):
+        settings.retriever.index_dir = args.index_dir
+    if getattr(args, "port", None) is not None:
+        settings.server.port = args.port
+    if getattr(args, "host", None):
+        settings.server.host = args.host
+    return settings
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from ingest.batch import run_batch
+    from ingest.chunker import ChunkerConfig
+    from ingest.pdf import PdfLimits
+    from ragline.errors import RaglineError
+    from services.server import build_store
+
+    settings = _settings(args)
+    store = build_store(settings)
+    store.encoder.warm_up()
+    store.load()
+    i = settings.ingest
+    try:
+        report = run_batch(
+            args.paths,
+            store,
+            ChunkerConfig(i.target_words, i.overlap_words),
+            PdfLimits(i.max_bytes, i.max_pages),
+            progress=not args.quiet,
+        )
+    except RaglineError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    for result in report.results:
+        if result.status == "failed":
+            print(f"FAILED  {result.source}: {result.reason}", file=sys.stderr)
+        elif args.verbose:
+            counts = f"{result.pages} pages, {result.chunks} chunks"
+            print(f"{result.status:<9} {result.source} ({counts})")
+    print(report.summary())
+    print(
+        f"index {settings.retriever.index_dir}: generation {store.view.generation}, "
+        f"{len(store.view.chunks)} chunks"
+    )
+    return 1 if report.count("failed") else 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from services.server import serve
+
+    asyncio.run(serve(_settings(args)))
+    return 0
+
+
+def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from ragline.v1 import ragline_pb2_grpc
+
+    target = args.target or Settings().server.target
+    channel = grpc.insecure_channel(target)
+    return ragline_pb2_grpc.RaglineStub(channel)
+
+
+def _fmt_pages(pages: Sequence[int]) -> str:
+    return ("p. " if len(pages) == 1 else "pp. ") + ", ".join(str(p) for p in pages)
+
+
+def cmd_retrieve(args: argparse.Namespace) -> int:
+    from ragline.v1 import ragline_pb2
+
+    response = _stub(args).Retrieve(
+        ragline_pb2.RetrieveRequest(query=args.query, k=args.k, bypass_cache=args.no_cache),
+        timeout=args.timeout,
+    )
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(response), indent=1))
+        return 0
+    timings = ", ".join(f"{k} {v:.1f}" for k, v in response.timings_ms.items())
+    cache = "hit" if response.cache_hit else "miss"
+    print(f"{len(response.hits)} passages (cache {cache}; {timings})")
+    for hit in response.hits:
+        c = hit.chunk
+        snippet = c.text[:240].replace("\n", " ")
+        print(f"\n[{hit.rank}] {hit.score:.2f}  {c.source} {_fmt_pages(c.pages)}  ({c.chunk_id})")
+        print(f"    {snippet}…")
+    return 0
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    from ragline.v1 import ragline_pb2
+
+    request = ragline_pb2.AnswerRequest(query=args.query, k=args.k)
+    stub = _stub(args)
+    if args.stream:
+        final = None
+        for event in stub.AnswerStream(request, timeout=args.timeout):
+            if event.HasField("final"):
+                final = event.final
+            else:
+                print(event.delta, end="", flush=True)
+        print("\n---")
+        response = final
+    else:
+        response = stub.Answer(request, timeout=args.timeout)
+    if response is None:
+        return 1
+    print(response.answer)
+    if response.insufficient:
+        print(f"(insufficient: {response.reason})")
+    for c in response.citations:
+        print(f"  [{c.number}] {c.source} {_fmt_pages(c.pages)}  ({c.chunk_id})")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from ragline.v1 import ragline_pb2
+
+    response = _stub(args).GetStats(ragline_pb2.GetStatsRequest(), timeout=args.timeout)
+    print(json.dumps(MessageToDict(response), indent=1))
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    from ragline.v1 import ragline_pb2
+
+    response = _stub(args).DeleteDocument(
+        ragline_pb2.DeleteDocumentRequest(doc_id=args.doc_id), timeout=args.timeout
+    )
+    print(f"removed {response.chunks_removed} chunks; index generation {response.index_generation}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ragline",
+        description="Sparse-first RAG retrieval service: ingest PDFs, serve gRPC Retrieve and "
+        "Answer (grounded, cited, or exactly INSUFFICIENT_INFO).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "ingest",
+        help="ingest PDF files or directories into the index (batch)",
+        description="Parse, chunk, SPLADE-encode and index PDFs. Unchanged files "
+        "are skipped; a changed file replaces its chunks; a bad file is reported "
+        "and skipped. Exit 1 if any file failed.",
+    )
+    p.add_argument("paths", nargs="+", help="PDF files or directories (searched recursively)")
+    p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve every service in one process on one port",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--host", help="bind address (default: RAGLINE_SERVER_HOST)")
+    p.add_argument("--port", type=int, help="port (default: RAGLINE_SERVER_PORT, 50051)")
+    p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")
+    p.set_defaults(func=cmd_serve)
+
+    for name, func, text in (
+        ("retrieve", cmd_retrieve, "print the ranked passages for a question"),
+        ("answer", cmd_answer, "print a cited answer, or INSUFFICIENT_INFO"),
+    ):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("query", help="the question")
+        p.add_argument("-k", type=int, default=0, help="passages to consider (0 = server default)")
+        _client_args(p)
+        if name == "retrieve":
+            p.add_argument("--no-cache", action="store_true", help="bypass the query cache")
+            p.add_argument("--json", action="store_true", help="print the raw response as JSON")
+        else:
+            p.add_argument("--stream", action="store_true", help="stream tokens as generated")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("stats", help="print index size, generation, models and counters")
+    _client_args(p)
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("delete", help="remove a document's chunks from the index")
+    p.add_argument("doc_id", help="document id (the file name without .pdf)")
+    _client_args(p)
+    p.set_defaults(func=cmd_delete)
+    return parser
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="server host:port (default: RAGLINE_SERVER_TARGET)")
+    p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from ragline.errors import RaglineError
+
+    try:
+        return int(args.func(args))
+    except RaglineError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        for violation in _violations(exc):
+            print(f"  {violation}", file=sys.stderr)
+        return 2
+
+
+def _violations(exc: grpc.RpcError) -> list[str]:
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    status = rpc_status.from_call(exc)
+    out = []
+    for detail in status.details if status else []:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            info = error_details_pb2.BadRequest()
+            detail.Unpack(info)
+            out += [f"{v.field}: {v.description}" for v in info.field_violations]
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

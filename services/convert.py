@@ -1,0 +1,105 @@
+"""Protobuf ↔ domain dataclasses. The only place besides servicers that touches *_pb2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ingest.batch import FileResult, IngestReport
+from ragline.types import Answer, Chunk, Citation, Hit
+from ragline.v1 import common_pb2, ragline_pb2
+from services.gateway import AnswerResult
+
+_STATUS = {
+    "ingested": ragline_pb2.IngestFileResult.INGESTED,
+    "unchanged": ragline_pb2.IngestFileResult.UNCHANGED,
+    "replaced": ragline_pb2.IngestFileResult.REPLACED,
+    "failed": ragline_pb2.IngestFileResult.FAILED,
+}
+
+
+def chunk_to_pb(chunk: Chunk) -> common_pb2.Chunk:
+    return common_pb2.Chunk(
+        chunk_id=chunk.chunk_id,
+        doc_id=chunk.doc_id,
+        ordinal=chunk.ordinal,
+        text=chunk.text,
+        pages=list(chunk.pages),
+        source=chunk.source,
+    )
+
+
+def chunk_from_pb(pb: common_pb2.Chunk) -> Chunk:
+    return Chunk(
+        chunk_id=pb.chunk_id,
+        doc_id=pb.doc_id,
+        ordinal=pb.ordinal,
+        text=pb.text,
+        pages=tuple(pb.pages),
+        source=pb.source,
+    )
+
+
+def hits_to_pb(hits: Sequence[Hit]) -> list[common_pb2.Hit]:
+    return [
+        common_pb2.Hit(
+            chunk=chunk_to_pb(h.chunk), score=h.score, stage_scores=h.stage_scores, rank=rank
+        )
+        for rank, h in enumerate(hits, start=1)
+    ]
+
+
+def hits_from_pb(hits: Sequence[common_pb2.Hit]) -> list[Hit]:
+    return [
+        Hit(chunk=chunk_from_pb(h.chunk), score=h.score, stage_scores=dict(h.stage_scores))
+        for h in hits
+    ]
+
+
+def citations_to_pb(citations: Sequence[Citation]) -> list[common_pb2.Citation]:
+    return [
+        common_pb2.Citation(
+            number=c.number,
+            chunk_id=c.chunk_id,
+            doc_id=c.doc_id,
+            pages=list(c.pages),
+            source=c.source,
+        )
+        for c in citations
+    ]
+
+
+def answer_fields(answer: Answer) -> dict:
+    """The answer fields shared by public and internal responses."""
+    return {
+        "answer": answer.text,
+        "insufficient": answer.insufficient,
+        "reason": answer.reason,
+        "citations": citations_to_pb(answer.citations),
+    }
+
+
+def answer_to_pb(result: AnswerResult) -> ragline_pb2.AnswerResponse:
+    return ragline_pb2.AnswerResponse(
+        **answer_fields(result.answer),
+        evidence=hits_to_pb(result.evidence),
+        timings_ms=result.timings_ms,
+    )
+
+
+def file_result_to_pb(result: FileResult) -> ragline_pb2.IngestFileResult:
+    return ragline_pb2.IngestFileResult(
+        source=result.source,
+        doc_id=result.doc_id,
+        status=_STATUS[result.status],
+        reason=result.reason,
+        pages=result.pages,
+        chunks=result.chunks,
+    )
+
+
+def ingest_to_pb(report: IngestReport, generation: int, total: int) -> ragline_pb2.IngestResponse:
+    return ragline_pb2.IngestResponse(
+        results=[file_result_to_pb(r) for r in report.results],
+        index_generation=generation,
+        chunks_total=total,
+    )

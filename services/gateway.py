@@ -1,0 +1,160 @@
+"""Gateway orchestration, typed: validate → retrieve (cache) → filter → generate → check.
+
+No protobuf here: servicers convert at the edge. The same object serves the in-process
+embedded deployment and, behind the stage stubs, a split one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from credibility.filter import EvidenceFilter
+from generator.core import AnswerGenerator
+from ingest.batch import FileResult, IngestReport, expand_paths, ingest_one
+from ingest.chunker import ChunkerConfig
+from ingest.pdf import PdfLimits
+from ragline.errors import InvalidArgument
+from ragline.types import Answer, Hit
+from retriever.search import RetrievalResult, SparseRetriever
+from retriever.store import IndexStore
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    default_k: int
+    max_k: int
+    max_query_chars: int
+
+
+@dataclass(slots=True)
+class AnswerResult:
+    answer: Answer
+    evidence: list[Hit]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class Gateway:
+    """The one-process pipeline every public RPC goes through."""
+
+    def __init__(
+        self,
+        store: IndexStore,
+        retriever: SparseRetriever,
+        evidence_filter: EvidenceFilter,
+        generator: AnswerGenerator,
+        limits: Limits,
+        evidence_k: int,
+        chunker: ChunkerConfig | None = None,
+        pdf_limits: PdfLimits | None = None,
+    ) -> None:
+        self.store = store
+        self.retriever = retriever
+        self.filter = evidence_filter
+        self.generator = generator
+        self.limits = limits
+        self.evidence_k = evidence_k
+        self.chunker = chunker
+        self.pdf_limits = pdf_limits
+        self._ingest_lock = asyncio.Lock()
+
+    # -- validation ------------------------------------------------------------------------
+    def validate_query(self, query: str, k: int, default_k: int | None = None) -> tuple[str, int]:
+        """Return the stripped query and effective k, or raise INVALID_ARGUMENT."""
+        text = query.strip()
+        if not text:
+            raise InvalidArgument.for_field("query", "must not be empty")
+        if len(text) > self.limits.max_query_chars:
+            raise InvalidArgument.for_field(
+                "query",
+                f"is {len(text)} characters, over the limit of {self.limits.max_query_chars}",
+            )
+        if k == 0:
+            k = default_k or self.limits.default_k
+        if not 1 <= k <= self.limits.max_k:
+            raise InvalidArgument.for_field("k", f"must be in [1, {self.limits.max_k}], got {k}")
+        return text, k
+
+    # -- retrieval -------------------------------------------------------------------------
+    async def retrieve(self, query: str, k: int = 0, bypass_cache: bool = False) -> RetrievalResult:
+        text, k = self.validate_query(query, k)
+        return await self.retriever.search(text, k, bypass_cache)
+
+    def select_evidence(self, query: str, hits: Sequence[Hit]) -> list[Hit]:
+        scores = self.filter.score(query, hits)
+        kept = []
+        for hit, score in zip(hits, scores, strict=True):
+            if score >= self.filter.threshold:
+                stage = dict(hit.stage_scores, **{self.filter.name: score})
+                kept.append(Hit(chunk=hit.chunk, score=hit.score, stage_scores=stage))
+        return kept
+
+    # -- answers ---------------------------------------------------------------------------
+    async def answer_stream(
+        self, query: str, k: int = 0, max_new_tokens: int = 0
+    ) -> AsyncIterator[str | AnswerResult]:
+        """Yield text deltas, then the :class:`AnswerResult` last."""
+        text, k = self.validate_query(query, k, default_k=self.evidence_k)
+        started = time.perf_counter()
+        retrieved = await self.retriever.search(text, k)
+        timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
+        timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
+        evidence = self.select_evidence(text, retrieved.hits)
+        started = time.perf_counter()
+        answer: Answer | None = None
+        async for item in self.generator.stream(text, evidence, max_new_tokens):
+            if isinstance(item, Answer):
+                answer = item
+            else:
+                yield item
+        timings["generate_ms"] = (time.perf_counter() - started) * 1000
+        assert answer is not None
+        yield AnswerResult(answer, evidence, timings)
+
+    async def answer(self, query: str, k: int = 0, max_new_tokens: int = 0) -> AnswerResult:
+        result: AnswerResult | None = None
+        async for item in self.answer_stream(query, k, max_new_tokens):
+            if isinstance(item, AnswerResult):
+                result = item
+        assert result is not None
+        return result
+
+    # -- index management ------------------------------------------------------------------
+    async def ingest(
+        self, paths: Sequence[str], documents: Sequence[tuple[str, bytes]]
+    ) -> IngestReport:
+        """Ingest server-side paths and uploaded documents; a bad one is reported, not fatal."""
+        if not paths and not documents:
+            raise InvalidArgument.for_field("paths", "give at least one path or document")
+        files = expand_paths(paths)
+        report = IngestReport()
+        started = time.perf_counter()
+        async with self._ingest_lock:
+            for path in files:
+                report.results.append(await asyncio.to_thread(self._ingest_path, path))
+            for name, data in documents:
+                report.results.append(
+                    await asyncio.to_thread(
+                        ingest_one, data, name, self.store, self.chunker, self.pdf_limits
+                    )
+                )
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _ingest_path(self, path: Path) -> FileResult:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            return FileResult(str(path), "", "failed", reason=str(exc))
+        result = ingest_one(data, path.name, self.store, self.chunker, self.pdf_limits)
+        result.source = str(path)
+        return result
+
+    async def delete_document(self, doc_id: str) -> int:
+        if not doc_id.strip():
+            raise InvalidArgument.for_field("doc_id", "must not be empty")
+        async with self._ingest_lock:
+            return await asyncio.to_thread(self.store.delete, doc_id)

@@ -1,0 +1,174 @@
+"""``ragline serve``: every service in one grpc.aio process on one port.
+
+Start-up order follows the light-``__init__``/heavy-``warm_up`` rule: the port opens with
+health NOT_SERVING, models and the index load, then health turns SERVING. SIGTERM/SIGINT
+flip health to NOT_SERVING and stop with a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from credibility.filter import ScoreFloorFilter
+from generator.core import AnswerGenerator
+from generator.transformers_backend import TransformersBackend
+from ingest.chunker import ChunkerConfig
+from ingest.pdf import PdfLimits
+from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from retriever.cache import QueryCache
+from retriever.search import SparseRetriever
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from services.gateway import Gateway, Limits
+from services.interceptors import ServerInterceptor
+from services.metrics import Metrics
+from services.servicers import (
+    CredibilityServicer,
+    GeneratorServicer,
+    RaglineServicer,
+    RetrieverServicer,
+)
+from services.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    ragline_pb2.DESCRIPTOR.services_by_name["Ragline"].full_name,
+    stages_pb2.DESCRIPTOR.services_by_name["RetrieverService"].full_name,
+    stages_pb2.DESCRIPTOR.services_by_name["CredibilityService"].full_name,
+    stages_pb2.DESCRIPTOR.services_by_name["GeneratorService"].full_name,
+)
+
+
+def build_store(settings: Settings) -> IndexStore:
+    r = settings.retriever
+    encoder = SpladeEncoder(
+        r.splade_model, r.max_seq_length, r.batch_size, threads=settings.server.threads
+    )
+    return IndexStore(r.index_dir, encoder)
+
+
+def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gateway:
+    """Wire the stages from settings. Light: nothing loads until :func:`warm_up`."""
+    store = store or build_store(settings)
+    c = settings.cache
+    cache = (
+        QueryCache(
+            url=c.redis_url,
+            ttl_s=c.ttl_s,
+            timeout_s=c.timeout_s,
+            cooldown_s=c.cooldown_s,
+            prefix=c.key_prefix,
+        )
+        if c.enabled
+        else None
+    )
+    g = settings.generator
+    generator = AnswerGenerator(
+        TransformersBackend(g.model, threads=settings.server.threads),
+        max_new_tokens=g.max_new_tokens,
+        max_evidence_chars=g.max_evidence_chars,
+        min_support=g.min_support,
+    )
+    r = settings.retriever
+    i = settings.ingest
+    return Gateway(
+        store=store,
+        retriever=SparseRetriever(store, cache),
+        evidence_filter=ScoreFloorFilter(settings.credibility.score_floor),
+        generator=generator,
+        limits=Limits(default_k=r.default_k, max_k=r.max_k, max_query_chars=r.max_query_chars),
+        evidence_k=g.evidence_k,
+        chunker=ChunkerConfig(i.target_words, i.overlap_words),
+        pdf_limits=PdfLimits(max_bytes=i.max_bytes, max_pages=i.max_pages),
+    )
+
+
+def warm_up(gateway: Gateway) -> None:
+    gateway.store.encoder.warm_up()
+    gateway.store.load()
+    gateway.generator.warm_up()
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    gateway: Gateway
+    health: health.aio.HealthServicer
+    metrics: Metrics
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        cache = self.gateway.retriever.cache
+        if cache is not None:
+            await cache.close()
+
+
+async def start_server(settings: Settings, gateway: Gateway | None = None) -> RunningServer:
+    """Bind, warm up, then report SERVING. Returns once ready."""
+    gateway = gateway or build_gateway(settings)
+    metrics = Metrics()
+    server = grpc.aio.server(
+        interceptors=[ServerInterceptor(metrics, settings.server.max_concurrent_rpcs)],
+        options=[("grpc.max_receive_message_length", 256 * 1024 * 1024)],
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    models = {
+        "splade": gateway.store.encoder.model_id,
+        "generator": gateway.generator.backend.model_id,
+        "evidence_filter": gateway.filter.name,
+    }
+    ragline_pb2_grpc.add_RaglineServicer_to_server(
+        RaglineServicer(gateway, metrics, models), server
+    )
+    stages_pb2_grpc.add_RetrieverServiceServicer_to_server(RetrieverServicer(gateway), server)
+    stages_pb2_grpc.add_CredibilityServiceServicer_to_server(CredibilityServicer(gateway), server)
+    stages_pb2_grpc.add_GeneratorServiceServicer_to_server(GeneratorServicer(gateway), server)
+    reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{settings.server.host}:{settings.server.port}")
+    await server.start()
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, not_serving)
+    started = time.perf_counter()
+    try:
+        await asyncio.to_thread(warm_up, gateway)
+    except BaseException:
+        await server.stop(None)
+        raise
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    view = gateway.store.view
+    logger.info(
+        "serving on %s:%d (warm-up %.1f s, index generation %d, %d chunks)",
+        settings.server.host,
+        port,
+        time.perf_counter() - started,
+        view.generation,
+        len(view.chunks),
+    )
+    return RunningServer(server, port, gateway, health_servicer, metrics)
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM/SIGINT, then shut down gracefully."""
+    running = await start_server(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"ragline serving on {settings.server.host}:{running.port}", flush=True)
+    await stop.wait()
+    logger.info("shutting down (grace %.1f s)", settings.server.grace_s)
+    await running.stop(settings.server.grace_s)

@@ -1,0 +1,158 @@
+"""Thin gRPC servicers: protobuf → dataclasses → core → protobuf. No logic lives here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import grpc
+
+from ragline.errors import DeadlineExceeded
+from ragline.types import Answer as DomainAnswer
+from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from services import convert
+from services.gateway import AnswerResult, Gateway
+from services.metrics import Metrics
+
+T = TypeVar("T")
+
+
+async def within_deadline(context: grpc.aio.ServicerContext, work: Awaitable[T]) -> T:
+    """Run ``work`` within the caller's remaining deadline (DEADLINE_EXCEEDED past it)."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return await work
+    try:
+        return await asyncio.wait_for(work, timeout=max(remaining, 0.0))
+    except TimeoutError as exc:
+        raise DeadlineExceeded("deadline passed before the request completed") from exc
+
+
+class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
+    """The public API."""
+
+    def __init__(self, gateway: Gateway, metrics: Metrics, models: dict[str, str]) -> None:
+        self.gateway = gateway
+        self.metrics = metrics
+        self.models = models
+
+    async def Ingest(self, request, context):  # noqa: N802 (gRPC method names)
+        docs = [(d.name, d.content) for d in request.documents]
+        report = await self.gateway.ingest(list(request.paths), docs)
+        view = self.gateway.store.view
+        self.metrics.inc("ragline_ingested_pages_total", report.pages)
+        return convert.ingest_to_pb(report, view.generation, len(view.chunks))
+
+    async def Retrieve(self, request, context):  # noqa: N802
+        result = await within_deadline(
+            context, self.gateway.retrieve(request.query, request.k, request.bypass_cache)
+        )
+        return ragline_pb2.RetrieveResponse(
+            hits=convert.hits_to_pb(result.hits),
+            cache_hit=result.cache_hit,
+            index_generation=result.generation,
+            timings_ms=result.timings_ms,
+        )
+
+    async def Answer(self, request, context):  # noqa: N802
+        result = await within_deadline(
+            context, self.gateway.answer(request.query, request.k, request.max_new_tokens)
+        )
+        self._count(result.answer)
+        return convert.answer_to_pb(result)
+
+    async def AnswerStream(self, request, context):  # noqa: N802
+        # Cancellation (client gone, deadline) cancels this task; the backend's stream stops
+        # generation at the next decoding step.
+        async for item in self.gateway.answer_stream(
+            request.query, request.k, request.max_new_tokens
+        ):
+            if isinstance(item, AnswerResult):
+                self._count(item.answer)
+                yield ragline_pb2.AnswerStreamResponse(final=convert.answer_to_pb(item))
+            else:
+                yield ragline_pb2.AnswerStreamResponse(delta=item)
+
+    async def DeleteDocument(self, request, context):  # noqa: N802
+        removed = await self.gateway.delete_document(request.doc_id)
+        return ragline_pb2.DeleteDocumentResponse(
+            chunks_removed=removed, index_generation=self.gateway.store.view.generation
+        )
+
+    async def GetStats(self, request, context):  # noqa: N802
+        view = self.gateway.store.view
+        counters = self.metrics.snapshot()
+        cache = self.gateway.retriever.cache
+        if cache is not None:
+            counters.update(
+                {
+                    "ragline_cache_hits_total": cache.stats.hits,
+                    "ragline_cache_misses_total": cache.stats.misses,
+                    "ragline_cache_errors_total": cache.stats.errors,
+                    "ragline_cache_skipped_total": cache.stats.skipped,
+                }
+            )
+        return ragline_pb2.GetStatsResponse(
+            documents=len(view.doc_hashes),
+            chunks=len(view.chunks),
+            index_generation=view.generation,
+            models=self.models,
+            counters=counters,
+        )
+
+    def _count(self, answer: DomainAnswer) -> None:
+        if answer.insufficient:
+            self.metrics.inc("ragline_insufficient_total", reason=answer.reason)
+        else:
+            self.metrics.inc("ragline_answers_total")
+
+
+class RetrieverServicer(stages_pb2_grpc.RetrieverServiceServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def Search(self, request, context):  # noqa: N802
+        result = await within_deadline(
+            context, self.gateway.retrieve(request.query, request.k, request.bypass_cache)
+        )
+        return stages_pb2.SearchResponse(
+            hits=convert.hits_to_pb(result.hits),
+            cache_hit=result.cache_hit,
+            index_generation=result.generation,
+            timings_ms=result.timings_ms,
+        )
+
+
+class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def Score(self, request, context):  # noqa: N802
+        hits = convert.hits_from_pb(request.hits)
+        evidence_filter = self.gateway.filter
+        threshold = request.threshold or evidence_filter.threshold
+        scores = evidence_filter.score(request.query, hits)
+        return stages_pb2.ScoreResponse(scores=scores, kept=[s >= threshold for s in scores])
+
+
+class GeneratorServicer(stages_pb2_grpc.GeneratorServiceServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.generator = gateway.generator
+
+    async def Generate(self, request, context):  # noqa: N802
+        evidence = convert.hits_from_pb(request.evidence)
+        answer = await within_deadline(
+            context, self.generator.answer(request.query, evidence, request.max_new_tokens)
+        )
+        return stages_pb2.GenerateResponse(**convert.answer_fields(answer))
+
+    async def GenerateStream(self, request, context):  # noqa: N802
+        evidence = convert.hits_from_pb(request.evidence)
+        async for item in self.generator.stream(request.query, evidence, request.max_new_tokens):
+            if isinstance(item, DomainAnswer):
+                yield stages_pb2.GenerateStreamResponse(
+                    final=stages_pb2.GenerateResponse(**convert.answer_fields(item))
+                )
+            else:
+                yield stages_pb2.GenerateStreamResponse(delta=item)
