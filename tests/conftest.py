@@ -1,0 +1,116 @@
+"""Shared fixtures: PDFs generated with PyMuPDF, the real packaged models (loaded once), a
+real grpc.aio server on localhost:0 and the real Redis of this machine."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pymupdf
+import pytest
+import pytest_asyncio
+
+from retriever.models import PACKAGED_SPLADE
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from services.server import RunningServer, build_gateway, start_server
+from services.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Facts the generated test manual states, one topic per page, so retrieval has a right page.
+MANUAL_PAGES = [
+    "Chapter 1. Installing the frobnicator. Run the command frobctl install --prefix /opt/frob "
+    "to install the frobnicator daemon. The installer needs 40 megabytes of disk space.",
+    "Chapter 2. Fixed-width files. The function read_fixed_columns reads fixed-width format "
+    "files, where each field occupies pre-specified columns. Pass a vector of column widths.",
+    "Chapter 3. Environment. The environment variable FROB_HOME gives the location of the "
+    "site configuration file that the frobnicator reads when it starts.",
+    "Chapter 4. Limits. The frobnicator accepts at most 512 concurrent connections; beyond "
+    "that it answers with a busy status and the client should retry later.",
+]
+
+
+def write_pdf(path: Path, pages: list[str]) -> Path:
+    """A real PDF with one text block per page."""
+    doc = pymupdf.open()
+    for text in pages:
+        page = doc.new_page()
+        page.insert_textbox(pymupdf.Rect(56, 56, 540, 780), text, fontsize=11)
+    doc.save(path)
+    doc.close()
+    return path
+
+
+@pytest.fixture
+def make_pdf(tmp_path: Path) -> Callable[..., Path]:
+    def make(name: str, pages: list[str]) -> Path:
+        return write_pdf(tmp_path / name, pages)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def manual_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    write_pdf(folder / "frob-manual.pdf", MANUAL_PAGES)
+    write_pdf(
+        folder / "release-notes.pdf",
+        [
+            "Release 2.0 of the frobnicator adds TLS support and removes the legacy XML API.",
+            "Known issue: on ARM boards the daemon logs a spurious clock skew warning at boot.",
+        ],
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def encoder() -> SpladeEncoder:
+    enc = SpladeEncoder(PACKAGED_SPLADE, batch_size=4, threads=2)
+    enc.warm_up()
+    return enc
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return "redis://127.0.0.1:6379/0"
+
+
+def make_settings(tmp: Path, redis_url: str) -> Settings:
+    settings = Settings()
+    settings.server.port = 0
+    settings.retriever.index_dir = tmp / "index"
+    settings.cache.redis_url = redis_url
+    settings.cache.key_prefix = f"ragline-test:{uuid.uuid4().hex}:"
+    # Small chunks so the short generated pages land in different chunks.
+    settings.ingest.target_words = 40
+    settings.ingest.overlap_words = 5
+    return settings
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def server(
+    tmp_path_factory: pytest.TempPathFactory,
+    manual_dir: Path,
+    redis_url: str,
+    encoder: SpladeEncoder,
+) -> AsyncIterator[RunningServer]:
+    """The whole service in one process on localhost:0, with the test manual ingested."""
+    settings = make_settings(tmp_path_factory.mktemp("srv"), redis_url)
+    store = IndexStore(settings.retriever.index_dir, encoder)
+    gateway = build_gateway(settings, store)
+    running = await start_server(settings, gateway)
+    await gateway.ingest([str(manual_dir)], [])
+    yield running
+    await running.stop(0)
+
+
+@pytest.fixture(scope="session")
+def r_manuals() -> Path:
+    """The real R manuals from Debian's r-doc-pdf (fetched once, ~10 MB)."""
+    dest = ROOT / "data" / "corpus"
+    if not (dest / "R-data.pdf").exists():
+        subprocess.run([str(ROOT / "scripts" / "fetch_corpus.sh"), str(dest)], check=True)
+    return dest

@@ -1,0 +1,179 @@
+"""The real service: grpc.aio on localhost:0, real models, real Redis, generated PDFs."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_status import rpc_status
+
+from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from services.server import RunningServer
+from tests.conftest import write_pdf
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+
+@pytest.fixture
+async def channel(server: RunningServer):  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        yield ch
+
+
+def violations(exc: grpc.aio.AioRpcError) -> list[str]:
+    status = rpc_status.from_call(exc)
+    assert status is not None
+    out = []
+    for detail in status.details:
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(bad):
+            out += [v.field for v in bad.field_violations]
+    return out
+
+
+async def test_health_is_serving_and_reflection_lists_services(channel) -> None:  # type: ignore[no-untyped-def]
+    health = health_pb2_grpc.HealthStub(channel)
+    reply = await health.Check(health_pb2.HealthCheckRequest(service="ragline.v1.Ragline"))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    names: set[str] = set()
+    async for response in stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    ):
+        names |= {s.name for s in response.list_services_response.service}
+    assert {"ragline.v1.Ragline", "ragline.v1.RetrieverService"} <= names
+
+
+async def test_retrieve_finds_the_right_page_then_hits_the_cache(channel) -> None:  # type: ignore[no-untyped-def]
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    request = ragline_pb2.RetrieveRequest(
+        query="Which environment variable gives the location of the site configuration file?",
+        k=3,
+    )
+    first = await stub.Retrieve(request, timeout=30)
+    top = first.hits[0]
+    assert (top.chunk.doc_id, top.rank) == ("frob-manual", 1)
+    assert 3 in top.chunk.pages
+    assert "FROB_HOME" in top.chunk.text
+    assert top.stage_scores["sparse"] == pytest.approx(top.score)
+    assert not first.cache_hit and "encode_ms" in first.timings_ms
+    second = await stub.Retrieve(request, timeout=30)
+    assert second.cache_hit
+    assert [h.chunk.chunk_id for h in second.hits] == [h.chunk.chunk_id for h in first.hits]
+    bypass = await stub.Retrieve(
+        ragline_pb2.RetrieveRequest(query=request.query, k=3, bypass_cache=True), timeout=30
+    )
+    assert not bypass.cache_hit
+
+
+@pytest.mark.parametrize(
+    ("query", "k", "field"),
+    [
+        ("", 5, "query"),
+        ("   ", 5, "query"),
+        ("x" * 5000, 5, "query"),
+        ("ok", 1000, "k"),
+        ("ok", -1, "k"),
+    ],
+)
+async def test_bad_requests_get_invalid_argument_with_field(channel, query, k, field) -> None:  # type: ignore[no-untyped-def]
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Retrieve(ragline_pb2.RetrieveRequest(query=query, k=k), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert violations(info.value) == [field]
+    # the server keeps serving
+    ok = await stub.Retrieve(ragline_pb2.RetrieveRequest(query="frobnicator install"), timeout=30)
+    assert ok.hits
+
+
+async def test_unknown_doc_id_is_not_found(channel) -> None:  # type: ignore[no-untyped-def]
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="nope"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_ingest_reports_bad_files_and_lands_the_rest(channel, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    good = write_pdf(tmp_path / "zeta-guide.pdf", ["The zeta widget spins at 9000 rpm."])
+    response = await stub.Ingest(
+        ragline_pb2.IngestRequest(
+            paths=[str(good)],
+            documents=[ragline_pb2.Document(name="broken.pdf", content=b"%PDF-1.4 nonsense")],
+        ),
+        timeout=60,
+    )
+    status = {r.doc_id: r for r in response.results}
+    assert status["zeta-guide"].status == ragline_pb2.IngestFileResult.INGESTED
+    assert status["broken"].status == ragline_pb2.IngestFileResult.FAILED
+    assert "corrupt" in status["broken"].reason
+    found = await stub.Retrieve(ragline_pb2.RetrieveRequest(query="zeta widget rpm"), timeout=30)
+    assert found.hits[0].chunk.doc_id == "zeta-guide"
+    assert found.index_generation == response.index_generation  # the cache key moved on
+    removed = await stub.DeleteDocument(
+        ragline_pb2.DeleteDocumentRequest(doc_id="zeta-guide"), timeout=30
+    )
+    assert removed.chunks_removed == 1
+    stats = await stub.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)
+    assert stats.documents == 2 and stats.models["splade"] == "packaged:splade-tiny"
+    assert (
+        stats.counters[
+            'grpc_server_handled_total{grpc_code="OK",grpc_method="/ragline.v1.Ragline/Ingest"}'
+        ]
+        >= 1
+    )
+
+
+async def test_off_topic_question_is_insufficient_without_the_model(channel) -> None:  # type: ignore[no-untyped-def]
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    reply = await stub.Answer(
+        ragline_pb2.AnswerRequest(query="What is the capital of Mongolia?"), timeout=60
+    )
+    assert reply.answer == "INSUFFICIENT_INFO" and reply.insufficient
+    assert reply.reason == "no_evidence" and not reply.evidence and not reply.citations
+    assert "generate_ms" in reply.timings_ms
+
+
+async def test_answer_is_grounded_and_cited(channel) -> None:  # type: ignore[no-untyped-def]
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    reply = await stub.Answer(
+        ragline_pb2.AnswerRequest(
+            query="Which environment variable gives the location of the site configuration file?"
+        ),
+        timeout=120,
+    )
+    assert not reply.insufficient, reply.reason
+    assert "FROB_HOME" in reply.answer
+    assert reply.citations and reply.citations[0].doc_id == "frob-manual"
+    assert 3 in reply.citations[0].pages
+
+
+async def test_answer_stream_sends_deltas_then_the_checked_final(channel) -> None:  # type: ignore[no-untyped-def]
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    deltas: list[ragline_pb2.AnswerStreamResponse] = []
+    finals: list[ragline_pb2.AnswerStreamResponse] = []
+    async for event in stub.AnswerStream(
+        ragline_pb2.AnswerRequest(query="How many concurrent connections does it accept?"),
+        timeout=120,
+    ):
+        (finals if event.HasField("final") else deltas).append(event)
+    assert len(finals) == 1 and deltas
+    final = finals[0].final
+    assert final.insufficient or final.citations
+
+
+async def test_internal_stage_services_answer(channel) -> None:  # type: ignore[no-untyped-def]
+    retriever = stages_pb2_grpc.RetrieverServiceStub(channel)
+    found = await retriever.Search(stages_pb2.SearchRequest(query="frobctl install", k=2))
+    assert 1 in found.hits[0].chunk.pages
+    credibility = stages_pb2_grpc.CredibilityServiceStub(channel)
+    scored = await credibility.Score(
+        stages_pb2.ScoreRequest(query="frobctl install", hits=found.hits, threshold=0.5)
+    )
+    assert list(scored.kept) == [s >= 0.5 for s in scored.scores]
+    generator = stages_pb2_grpc.GeneratorServiceStub(channel)
+    empty = await generator.Generate(stages_pb2.GenerateRequest(query="anything"))
+    assert empty.insufficient and empty.reason == "no_evidence"

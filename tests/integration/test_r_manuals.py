@@ -1,0 +1,44 @@
+"""The issue's acceptance questions on the real R manuals (Debian's r-doc-pdf)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from services.gateway import Gateway
+from services.server import build_gateway
+from services.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def gateway(r_manuals: Path, encoder: SpladeEncoder, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    settings = Settings()
+    settings.cache.enabled = False
+    store = IndexStore(tmp_path_factory.mktemp("rindex"), encoder)
+    store.load()
+    gw = build_gateway(settings, store)
+    gw.generator.warm_up()
+    return gw
+
+
+async def test_r_data_fixed_width_question(gateway: Gateway, r_manuals: Path) -> None:
+    report = await gateway.ingest([str(r_manuals / "R-data.pdf"), str(r_manuals / "R-FAQ.pdf")], [])
+    assert report.count("failed") == 0 and report.pages == 41 + 52
+    question = "How do you read a fixed-width format file in R?"
+    retrieved = await gateway.retrieve(question, 10)
+    # gold: R-data p. 14-15, "2.2 Fixed-width-format files ... Function read.fwf"
+    top = retrieved.hits[0].chunk
+    assert top.doc_id == "R-data" and "read.fwf" in top.text and 14 in top.pages
+    result = await gateway.answer(question)
+    assert not result.answer.insufficient, result.answer.reason
+    assert {c.doc_id for c in result.answer.citations} == {"R-data"}
+
+
+async def test_off_corpus_question_is_insufficient(gateway: Gateway) -> None:
+    result = await gateway.answer("What is the capital of Mongolia?")
+    assert result.answer.text == "INSUFFICIENT_INFO" and result.answer.insufficient

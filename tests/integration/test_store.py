@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ingest.batch import run_batch
+from ragline.errors import DataLoss, FailedPrecondition, NotFound
+from retriever.search import SparseRetriever
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from tests.conftest import MANUAL_PAGES
+
+pytestmark = pytest.mark.integration
+
+
+def test_ingest_is_idempotent_replaces_changed_and_deletes(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+    manual = make_pdf("manual.pdf", MANUAL_PAGES)
+    junk = tmp_path / "notes.pdf"
+    junk.write_text("this is not a pdf")
+
+    report = run_batch([manual, junk], store, progress=False)
+    assert [r.status for r in report.results] == ["ingested", "failed"]
+    assert "not a PDF" in report.results[1].reason
+    first = store.view
+    assert first.generation == 1 and len(first.chunks) >= 1
+
+    again = run_batch([manual], store, progress=False)
+    assert again.results[0].status == "unchanged"
+    assert store.view.generation == 1  # a no-op commits nothing
+
+    make_pdf("manual.pdf", [*MANUAL_PAGES, "Chapter 5. Appendix on the frobnicator logs."])
+    changed = run_batch([manual], store, progress=False)
+    assert changed.results[0].status == "replaced"
+    assert store.view.generation == 2
+    assert {c.doc_id for c in store.view.chunks} == {"manual"}
+    assert not {c.chunk_id for c in first.chunks} & {c.chunk_id for c in store.view.chunks}
+
+    chunks_before = len(store.view.chunks)
+    assert store.delete("manual") == chunks_before
+    assert store.view.chunks == () and store.view.generation == 3
+    with pytest.raises(NotFound):
+        store.delete("manual")
+
+
+async def test_snapshot_reloads_and_survives_a_crashed_write(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    index_dir = tmp_path / "index"
+    store = IndexStore(index_dir, encoder)
+    store.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], store, progress=False)
+    question = "Which environment variable gives the location of the site configuration file?"
+    before = await SparseRetriever(store).search(question, 3)
+    # A writer that died mid-snapshot leaves only a temp folder behind.
+    (index_dir / "snapshots" / ".tmp-g000002-999").mkdir()
+    (index_dir / "snapshots" / ".tmp-g000002-999" / "chunks.jsonl").write_text("{broken")
+
+    reloaded = IndexStore(index_dir, encoder)
+    reloaded.load()
+    after = await SparseRetriever(reloaded).search(question, 3)
+    assert reloaded.view.generation == store.view.generation
+    assert [h.chunk.chunk_id for h in after.hits] == [h.chunk.chunk_id for h in before.hits]
+    assert 3 in after.hits[0].chunk.pages
+
+
+def test_corrupt_or_mismatched_snapshot_is_refused(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    index_dir = tmp_path / "index"
+    store = IndexStore(index_dir, encoder)
+    store.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], store, progress=False)
+
+    other = SpladeEncoder("some/other-splade")
+    other._model = encoder.model  # same weights, different configured id
+    with pytest.raises(FailedPrecondition, match="re-ingest"):
+        IndexStore(index_dir, other).load()
+
+    copy = tmp_path / "copy"
+    shutil.copytree(index_dir, copy)
+    snap = copy / "snapshots" / (copy / "CURRENT").read_text().strip()
+    with (snap / "chunks.jsonl").open("a") as fh:
+        fh.write("\n")
+    with pytest.raises(DataLoss, match="checksum"):
+        IndexStore(copy, encoder).load()

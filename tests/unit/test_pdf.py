@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pymupdf
+import pytest
+
+from ingest.pdf import PdfLimits, clean_page_text, read_pdf
+from ragline.errors import InvalidArgument
+
+pytestmark = pytest.mark.unit
+
+
+def test_reads_pages_and_hashes_content(make_pdf: Callable[..., Path]) -> None:
+    path = make_pdf("guide.pdf", ["First page about widgets.", "Second page about gadgets."])
+    doc = read_pdf(path.read_bytes(), path.name)
+    assert doc.doc_id == "guide" and doc.source == "guide.pdf"
+    assert len(doc.pages) == 2 and "gadgets" in doc.pages[1]
+    assert len(doc.content_hash) == 64
+
+
+def test_clean_text_rejoins_hyphenation_and_normalises_ligatures() -> None:
+    assert clean_page_text("an exam-\nple of ﬁle   handling") == "an example of file handling"
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"hello, I am a text file", "not a PDF"),
+        (b"%PDF-1.7\n garbage garbage", "corrupt"),
+        (b"", "not a PDF"),
+    ],
+)
+def test_bad_input_is_refused_with_a_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(InvalidArgument, match=reason) as info:
+        read_pdf(data, "bad.pdf")
+    assert info.value.violations[0].field == "document"
+
+
+def test_encrypted_pdf_is_refused(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    doc.new_page().insert_text((72, 72), "secret")
+    path = tmp_path / "locked.pdf"
+    doc.save(
+        path,
+        encryption=pymupdf.PDF_ENCRYPT_AES_256,  # type: ignore[attr-defined]
+        user_pw="pw",
+        owner_pw="pw",
+    )
+    with pytest.raises(InvalidArgument, match="encrypted"):
+        read_pdf(path.read_bytes(), path.name)
+
+
+def test_image_only_pdf_is_refused(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    doc.new_page()
+    path = tmp_path / "blank.pdf"
+    doc.save(path)
+    with pytest.raises(InvalidArgument, match="no extractable text"):
+        read_pdf(path.read_bytes(), path.name)
+
+
+def test_limits_are_enforced(make_pdf: Callable[..., Path]) -> None:
+    path = make_pdf("big.pdf", ["one", "two", "three"])
+    with pytest.raises(InvalidArgument, match="pages is over the limit"):
+        read_pdf(path.read_bytes(), path.name, PdfLimits(max_pages=2))
+    with pytest.raises(InvalidArgument, match="bytes is over the limit"):
+        read_pdf(path.read_bytes(), path.name, PdfLimits(max_bytes=10))

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from pydantic import ValidationError
+
+from ragline.errors import InvalidArgument, Unavailable
+from services.cli import build_parser
+from services.interceptors import to_status
+from services.settings import CacheSettings, RetrieverSettings, Settings
+
+pytestmark = pytest.mark.unit
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGLINE_CACHE_TTL_S", "600")
+    monkeypatch.setenv("RAGLINE_RETRIEVER_MAX_K", "50")
+    settings = Settings()
+    assert settings.cache.ttl_s == 600 and settings.retriever.max_k == 50
+    assert CacheSettings().ttl_s == 600
+
+
+def test_settings_defaults_match_the_design() -> None:
+    assert CacheSettings().ttl_s == 3600
+
+
+def test_settings_reject_out_of_range_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGLINE_RETRIEVER_BATCH_SIZE", "0")
+    with pytest.raises(ValidationError):
+        RetrieverSettings()
+
+
+def test_invalid_argument_maps_to_status_with_field_violation() -> None:
+    status = to_status(InvalidArgument.for_field("query", "must not be empty"))
+    assert status.code == grpc.StatusCode.INVALID_ARGUMENT
+    key, raw = status.trailing_metadata[0]
+    assert key == "grpc-status-details-bin"
+    detail = status_pb2.Status.FromString(raw).details[0]
+    bad = error_details_pb2.BadRequest()
+    assert detail.Unpack(bad)
+    assert bad.field_violations[0].field == "query"
+
+
+def test_unavailable_carries_retry_info() -> None:
+    status = to_status(Unavailable("down", retry_after_s=1.5))
+    info = error_details_pb2.RetryInfo()
+    assert status_pb2.Status.FromString(status.trailing_metadata[0][1]).details[0].Unpack(info)
+    assert info.retry_delay.ToMilliseconds() == 1500
+
+
+def test_help_lists_commands_and_environment() -> None:
+    text = build_parser().format_help()
+    for word in ("ingest", "serve", "retrieve", "answer", "RAGLINE_CACHE_TTL_S"):
+        assert word in text
