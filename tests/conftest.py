@@ -114,3 +114,16 @@ def r_manuals() -> Path:
     if not (dest / "R-data.pdf").exists():
         subprocess.run([str(ROOT / "scripts" / "fetch_corpus.sh"), str(dest)], check=True)
     return dest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests run only where CUDA is available."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in gpu_items:
+            item.add_marker(skip)
