@@ -107,7 +107,9 @@ def start_server(index_dir: Path, port: int, env: dict) -> tuple[subprocess.Pope
 def bench_retrieve(port: int, questions: list[str], k: int) -> dict:
     stub = ragline_pb2_grpc.RaglineStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
     stub.Retrieve(ragline_pb2.RetrieveRequest(query="warm up", k=k, bypass_cache=True))
-    miss, hit, server_miss = [], [], []
+    miss: list[float] = []
+    hit: list[float] = []
+    server_miss: list[float] = []
     for question in questions:
         request = ragline_pb2.RetrieveRequest(query=question, k=k)
         for bucket in (miss, hit):

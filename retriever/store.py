@@ -122,6 +122,12 @@ class IndexStore:
         logger.info("loaded index generation %d: %d chunks", self.view.generation, len(chunks))
         return self.view
 
+    def _disk_generation(self) -> int:
+        current = self.index_dir / "CURRENT"
+        if not current.exists():
+            return 0
+        return int(current.read_text().strip().lstrip("g") or 0)
+
     def content_hash_of(self, doc_id: str) -> str | None:
         doc = self._docs.get(doc_id)
         return doc.content_hash if doc else None
@@ -149,6 +155,10 @@ class IndexStore:
         with self._write_lock, (self.index_dir / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
+                # Another process (say `ragline ingest` beside a running server) may have
+                # committed since we loaded: start from its snapshot, never overwrite it.
+                if self._disk_generation() > (self._view.generation if self._view else 0):
+                    self.load()
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)

@@ -90,3 +90,18 @@ def test_corrupt_or_mismatched_snapshot_is_refused(
         fh.write("\n")
     with pytest.raises(DataLoss, match="checksum"):
         IndexStore(copy, encoder).load()
+
+
+def test_two_writers_never_overwrite_each_other(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    index_dir = tmp_path / "index"
+    server_side, cli_side = IndexStore(index_dir, encoder), IndexStore(index_dir, encoder)
+    server_side.load()
+    cli_side.load()
+    run_batch([make_pdf("a.pdf", MANUAL_PAGES[:2])], cli_side, progress=False)
+    run_batch([make_pdf("b.pdf", MANUAL_PAGES[2:])], server_side, progress=False)
+    assert server_side.view.generation == 2
+    fresh = IndexStore(index_dir, encoder)
+    fresh.load()
+    assert set(fresh.view.doc_hashes) == {"a", "b"}
