@@ -29,13 +29,14 @@ def content_tokens(text: str) -> set[str]:
     return {t for t in tokens if len(t) > 1 and t not in _STOPWORDS}
 
 
+_LEAD_IN = re.compile(r"^\s*(the\s+)?answer(\s+is)?\s*:\s*", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\[])")
 
 
 def clean_output(raw: str, max_sentences: int = 2) -> str:
     """First non-empty paragraph, without list numbering, repeated sentences (greedy decoding
     of a small model loops) or a trailing 'The answer is:'; at most ``max_sentences``."""
-    text = raw.strip()
+    text = _LEAD_IN.sub("", raw.strip()).strip()
     for paragraph in re.split(r"\n\s*\n", text):
         if paragraph.strip():
             text = paragraph.strip()
@@ -48,8 +49,10 @@ def clean_output(raw: str, max_sentences: int = 2) -> str:
     text = re.sub(r"\s*(the answer is|answer)\s*:?\s*$", "", " ".join(seen), flags=re.I)
     sentences: list[str] = []
     for sentence in _SENTENCE_END.split(text.strip()):
-        if sentence and sentence not in sentences:
+        if sentence and not any(seen_s.startswith(sentence) for seen_s in sentences):
             sentences.append(sentence)
+    if len(sentences) > 1 and not re.search(r"[.!?)\]]$", sentences[-1]):
+        sentences.pop()  # an unfinished sentence cut off by the token limit
     return " ".join(sentences[:max_sentences]).strip()
 
 

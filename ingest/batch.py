@@ -6,6 +6,7 @@ to the sink one at a time, so memory stays bounded by the largest single documen
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -98,9 +99,9 @@ def ingest_one(
     try:
         doc_id = doc_id_for(name)
         previous = sink.content_hash_of(doc_id)
+        if previous == hashlib.sha256(data).hexdigest():  # unchanged: skip parsing entirely
+            return FileResult(name, doc_id, "unchanged")
         doc = read_pdf(data, name, limits)
-        if previous == doc.content_hash:
-            return FileResult(name, doc_id, "unchanged", pages=len(doc.pages))
         chunks = chunk_pages(doc.doc_id, doc.content_hash, doc.pages, doc.source, chunker)
         if not chunks:
             raise InvalidArgument.for_field("document", f"{name}: no text to index")

@@ -152,6 +152,30 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from eval.harness import EvalOptions, print_summary, run_eval
+
+    options = EvalOptions(
+        questions=Path(args.questions),
+        out=Path(args.out),
+        target=args.target,
+        mode=args.mode,
+        graph=not args.no_graph,
+        threshold=args.threshold,
+        limit=args.limit,
+        answers=args.answers,
+        k=args.k,
+        progress=not args.quiet,
+    )
+    if args.corpus_dir:
+        options.corpus_dir = Path(args.corpus_dir)
+    report = asyncio.run(run_eval(options))
+    print_summary(report, options.out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ragline",
@@ -200,6 +224,39 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--stream", action="store_true", help="stream tokens as generated")
         p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "eval",
+        help="measure retrieval, filtering, answers and latency on labelled questions",
+        description="Run labelled questions (ragline JSONL; a BEIR folder; SQuAD 2.0 JSON) "
+        "against a ragline endpoint and write report.json, summary.md, rows.jsonl, run.trec "
+        "and PNG plots to --out. Without --target an embedded server is started, and the PDFs "
+        "named by a corpus.json beside the questions are fetched and ingested first.",
+    )
+    p.add_argument("--questions", required=True, help="question file or BEIR folder")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--target", help="host:port of a running server (default: embedded)")
+    p.add_argument(
+        "--mode",
+        choices=("sparse", "dense", "hybrid"),
+        default="sparse",
+        help="retrieval mode (only sparse exists so far)",
+    )
+    p.add_argument("--no-graph", action="store_true", help="skip the graph path")
+    p.add_argument(
+        "--threshold", type=float, default=0.0, help="evidence-filter threshold (0 = the server's)"
+    )
+    p.add_argument("--limit", type=int, default=0, help="only the first N questions")
+    p.add_argument(
+        "--answers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also ask Answer (--no-answers: retrieval only)",
+    )
+    p.add_argument("-k", type=int, default=100, help="passages retrieved per question")
+    p.add_argument("--corpus-dir", help="where corpus PDFs are fetched to")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("stats", help="print index size, generation, models and counters")
     _client_args(p)

@@ -7,6 +7,7 @@ embedded deployment and, behind the stage stubs, a split one.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -83,26 +84,32 @@ class Gateway:
         text, k = self.validate_query(query, k)
         return await self.retriever.search(text, k, bypass_cache)
 
-    def select_evidence(self, query: str, hits: Sequence[Hit]) -> list[Hit]:
+    def select_evidence(self, query: str, hits: Sequence[Hit], threshold: float = 0.0) -> list[Hit]:
+        """Hits whose filter score reaches ``threshold`` (0 = the filter's own)."""
+        if not math.isfinite(threshold) or threshold < 0:
+            raise InvalidArgument.for_field("threshold", f"must be >= 0, got {threshold}")
+        threshold = threshold or self.filter.threshold
         scores = self.filter.score(query, hits)
         kept = []
         for hit, score in zip(hits, scores, strict=True):
-            if score >= self.filter.threshold:
+            if score >= threshold:
                 stage = dict(hit.stage_scores, **{self.filter.name: score})
                 kept.append(Hit(chunk=hit.chunk, score=hit.score, stage_scores=stage))
         return kept
 
     # -- answers ---------------------------------------------------------------------------
     async def answer_stream(
-        self, query: str, k: int = 0, max_new_tokens: int = 0
+        self, query: str, k: int = 0, max_new_tokens: int = 0, threshold: float = 0.0
     ) -> AsyncIterator[str | AnswerResult]:
         """Yield text deltas, then the :class:`AnswerResult` last."""
         text, k = self.validate_query(query, k, default_k=self.evidence_k)
+        if max_new_tokens < 0:
+            raise InvalidArgument.for_field("max_new_tokens", "must be >= 0")
         started = time.perf_counter()
         retrieved = await self.retriever.search(text, k)
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
-        evidence = self.select_evidence(text, retrieved.hits)
+        evidence = self.select_evidence(text, retrieved.hits, threshold)
         started = time.perf_counter()
         answer: Answer | None = None
         async for item in self.generator.stream(text, evidence, max_new_tokens):
@@ -114,9 +121,11 @@ class Gateway:
         assert answer is not None
         yield AnswerResult(answer, evidence, timings)
 
-    async def answer(self, query: str, k: int = 0, max_new_tokens: int = 0) -> AnswerResult:
+    async def answer(
+        self, query: str, k: int = 0, max_new_tokens: int = 0, threshold: float = 0.0
+    ) -> AnswerResult:
         result: AnswerResult | None = None
-        async for item in self.answer_stream(query, k, max_new_tokens):
+        async for item in self.answer_stream(query, k, max_new_tokens, threshold):
             if isinstance(item, AnswerResult):
                 result = item
         assert result is not None

@@ -57,7 +57,10 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
 
     async def Answer(self, request, context):  # noqa: N802
         result = await within_deadline(
-            context, self.gateway.answer(request.query, request.k, request.max_new_tokens)
+            context,
+            self.gateway.answer(
+                request.query, request.k, request.max_new_tokens, request.threshold
+            ),
         )
         self._count(result.answer)
         return convert.answer_to_pb(result)
@@ -66,7 +69,7 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         # Cancellation (client gone, deadline) cancels this task; the backend's stream stops
         # generation at the next decoding step.
         async for item in self.gateway.answer_stream(
-            request.query, request.k, request.max_new_tokens
+            request.query, request.k, request.max_new_tokens, request.threshold
         ):
             if isinstance(item, AnswerResult):
                 self._count(item.answer)
@@ -133,7 +136,9 @@ class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):
         evidence_filter = self.gateway.filter
         threshold = request.threshold or evidence_filter.threshold
         scores = evidence_filter.score(request.query, hits)
-        return stages_pb2.ScoreResponse(scores=scores, kept=[s >= threshold for s in scores])
+        return stages_pb2.ScoreResponse(
+            scores=scores, kept=[s >= threshold for s in scores], threshold=threshold
+        )
 
 
 class GeneratorServicer(stages_pb2_grpc.GeneratorServiceServicer):

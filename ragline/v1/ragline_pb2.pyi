@@ -92,14 +92,16 @@ class RetrieveResponse(_message.Message):
     def __init__(self, hits: _Optional[_Iterable[_Union[_common_pb2.Hit, _Mapping]]] = ..., cache_hit: _Optional[bool] = ..., index_generation: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class AnswerRequest(_message.Message):
-    __slots__ = ("query", "k", "max_new_tokens")
+    __slots__ = ("query", "k", "max_new_tokens", "threshold")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     query: str
     k: int
     max_new_tokens: int
-    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    threshold: float
+    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class AnswerResponse(_message.Message):
     __slots__ = ("answer", "insufficient", "reason", "citations", "evidence", "timings_ms")

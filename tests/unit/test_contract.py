@@ -64,6 +64,16 @@ def test_no_evidence_means_insufficient() -> None:
     assert check_answer(QUESTION, "read.fwf [1]", []).reason == "no_evidence"
 
 
+def test_clean_output_skips_a_lead_in_paragraph() -> None:
+    raw = "The answer is:\n\nThe function read.fwf reads it. The function read.fwf reads it."
+    assert clean_output(raw) == "The function read.fwf reads it."
+
+
+def test_clean_output_drops_a_cut_off_repetition() -> None:
+    raw = "The function read.epiinfo is available. The function read.epi"
+    assert clean_output(raw) == "The function read.epiinfo is available."
+
+
 def test_clean_output_drops_repetition_and_numbering() -> None:
     raw = "1. It is read.fwf. It is read.fwf. It is read.fwf.\n\nThe answer is:"
     assert clean_output(raw) == "It is read.fwf."

@@ -1,0 +1,161 @@
+"""``ragline eval``: questions in, a measured report out, against a running endpoint
+(``--target``) or an embedded in-process one (the default)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pymupdf
+
+from eval.corpus import corpus_manifest_for, ensure_corpus
+from eval.questions import LoadResult, load_beir, load_questions, load_squad2
+from eval.report import build_report, summary_table, write_outputs
+from eval.runner import Runner
+from ragline.v1 import ragline_pb2, ragline_pb2_grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class EvalOptions:
+    questions: Path
+    out: Path
+    target: str | None = None
+    mode: str = "sparse"
+    graph: bool = True
+    threshold: float = 0.0
+    limit: int = 0
+    answers: bool = True
+    k: int = 100
+    corpus_dir: Path = ROOT / "data" / "eval-corpus"
+    progress: bool = True
+
+
+def load_any(path: Path, corpus_dir: Path) -> tuple[LoadResult, list[Path]]:
+    """Questions in any supported format, and the PDFs their corpus needs ingested."""
+    if path.is_dir() and (path / "corpus.jsonl").exists():
+        loaded, texts = load_beir(path)
+        return loaded, _texts_as_pdfs(texts, corpus_dir / f"beir-{path.name}")
+    if path.suffix == ".json":
+        loaded, texts = load_squad2(path)
+        return loaded, _texts_as_pdfs(texts, corpus_dir / f"squad-{path.stem}")
+    loaded = load_questions(path)
+    manifest = corpus_manifest_for(path)
+    return loaded, ensure_corpus(manifest, corpus_dir) if manifest else []
+
+
+def _texts_as_pdfs(texts: dict[str, str], folder: Path) -> list[Path]:
+    """Text corpora (BEIR, SQuAD) go through the real PDF ingest: one PDF per document."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for doc_id, text in texts.items():
+        path = folder / f"{doc_id}.pdf"
+        if not path.exists():
+            doc = pymupdf.open()
+            page = doc.new_page()
+            page.insert_textbox(pymupdf.Rect(40, 40, 572, 800), text, fontsize=9)
+            doc.save(path)
+            doc.close()
+        paths.append(path)
+    return paths
+
+
+@asynccontextmanager
+async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tuple[str, dict]]:
+    """Yield ``(host:port, config)`` with the corpus ingested."""
+    if options.target:
+        async with grpc.aio.insecure_channel(options.target) as channel:
+            stub = ragline_pb2_grpc.RaglineStub(channel)
+            if pdfs:  # uploads are no-ops for documents the server already holds unchanged
+                for pdf in pdfs:
+                    await stub.Ingest(
+                        ragline_pb2.IngestRequest(
+                            documents=[
+                                ragline_pb2.Document(name=pdf.name, content=pdf.read_bytes())
+                            ]
+                        ),
+                        timeout=3600,
+                    )
+        yield options.target, {"target": options.target}
+        return
+    from services.server import start_server
+    from services.settings import Settings
+
+    settings = Settings()
+    settings.server.port = 0
+    running = await start_server(settings)
+    try:
+        if pdfs:
+            report = await running.gateway.ingest([str(p) for p in pdfs], [])
+            failed = [r for r in report.results if r.status == "failed"]
+            for r in failed:
+                print(f"ingest failed: {r.source}: {r.reason}", file=sys.stderr)
+        yield (
+            f"127.0.0.1:{running.port}",
+            {"target": "embedded", "settings": settings.model_dump(mode="json")},
+        )
+    finally:
+        await running.stop(0)
+
+
+async def run_eval(options: EvalOptions) -> dict[str, Any]:
+    if options.mode != "sparse":
+        raise SystemExit(f"--mode {options.mode}: only 'sparse' retrieval exists so far")
+    loaded, pdfs = load_any(options.questions, options.corpus_dir)
+    for error in loaded.errors:
+        print(f"skipped {error}", file=sys.stderr)
+    questions = loaded.questions[: options.limit] if options.limit else loaded.questions
+    async with (
+        _endpoint(options, pdfs) as (address, config),
+        grpc.aio.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        ) as channel,
+    ):
+        stats = await ragline_pb2_grpc.RaglineStub(channel).GetStats(
+            ragline_pb2.GetStatsRequest(), timeout=30
+        )
+        runner = Runner(channel, k=options.k, threshold=options.threshold, answers=options.answers)
+        rows = await runner.run(questions, progress=options.progress)
+    threshold = options.threshold or _applied_threshold(rows, config)
+    config.update(
+        questions=str(options.questions),
+        limit=options.limit,
+        mode=options.mode,
+        graph="not built yet (--no-graph has no effect)" if options.graph else "off",
+        k=options.k,
+        models=dict(stats.models),
+        index={
+            "documents": stats.documents,
+            "chunks": stats.chunks,
+            "generation": stats.index_generation,
+        },
+        git_revision=_git_revision(),
+    )
+    report = build_report(rows, threshold, config, loaded.errors)
+    write_outputs(options.out, report, rows)
+    return report
+
+
+def _applied_threshold(rows: list[dict], config: dict) -> float:
+    settings = config.get("settings")
+    if settings:
+        return float(settings["credibility"]["score_floor"])
+    applied = [r["threshold"] for r in rows if r.get("threshold")]
+    return float(applied[0]) if applied else 0.0
+
+
+def _git_revision() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def print_summary(report: dict[str, Any], out: Path) -> None:
+    print(summary_table(report))
+    print(f"\nwrote {out}/report.json, summary.md, rows.jsonl, run.trec and PNG plots")

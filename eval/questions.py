@@ -1,0 +1,210 @@
+"""Question sets: ragline's labelled JSONL, plus BEIR, TREC qrels/runs and SQuAD 2.0.
+
+Every loader returns :class:`Question` objects; a malformed record is reported with its line
+number (or index) and skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ANSWERABLE_TYPES = ("factoid", "table", "procedural", "multi_hop", "numeric")
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    file: str
+    page: int
+    quote: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    id: str
+    question: str
+    answerable: bool
+    answers: tuple[str, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    type: str = "factoid"
+    relevant_docs: tuple[str, ...] = ()
+    """Doc-level relevance (BEIR/TREC qrels), used when there is no page evidence."""
+
+    @property
+    def gold_pages(self) -> set[tuple[str, int]]:
+        return {(e.file, e.page) for e in self.evidence}
+
+
+@dataclass(slots=True)
+class LoadResult:
+    questions: list[Question] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+_QUOTES = str.maketrans({"‘": "'", "’": "'", "“": '"', "”": '"', "`": "'"})
+
+
+def normalize_text(text: str) -> str:
+    """Case, whitespace, quote style and Unicode (NFKC) folded, as the labels are judged."""
+    text = unicodedata.normalize("NFKC", text).translate(_QUOTES).casefold()
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def answer_matches(answer: str, golds: Iterable[str]) -> bool:
+    """True when a gold answer occurs in the answer; ``a; b`` golds need every part."""
+    text = normalize_text(answer)
+    for gold in golds:
+        parts = (
+            [normalize_text(p) for p in gold.split(";")] if ";" in gold else [normalize_text(gold)]
+        )
+        if all(p and p in text for p in parts):
+            return True
+    return False
+
+
+def contains_answer(text: str, golds: Iterable[str]) -> bool:
+    """True when a passage holds a gold answer, or any part of a multi-part one."""
+    norm = normalize_text(text)
+    return any(p and p in norm for g in golds for p in (normalize_text(x) for x in g.split(";")))
+
+
+def load_questions(path: str | Path) -> LoadResult:
+    """ragline's labelled JSONL (see the eval README): one question per line."""
+    result = LoadResult()
+    with Path(path).open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                result.questions.append(_question_from_record(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as exc:
+                result.errors.append(f"{path}:{number}: {type(exc).__name__}: {exc}")
+    return result
+
+
+def _question_from_record(raw: dict) -> Question:
+    if not isinstance(raw, dict):
+        raise TypeError("record is not a JSON object")
+    question = str(raw["question"]).strip()
+    if not question:
+        raise ValueError("empty question")
+    answerable = raw.get("answerable")
+    if not isinstance(answerable, bool):
+        raise ValueError("'answerable' must be true or false")
+    answers = tuple(str(a) for a in raw.get("answers") or ())
+    evidence = tuple(
+        Evidence(str(e["file"]), int(e["page"]), str(e.get("quote", "")))
+        for e in raw.get("evidence") or ()
+    )
+    if answerable and not answers:
+        raise ValueError("an answerable question needs 'answers'")
+    return Question(
+        id=str(raw["id"]),
+        question=question,
+        answerable=answerable,
+        answers=answers,
+        evidence=evidence,
+        type=str(raw.get("type") or ("factoid" if answerable else "unanswerable")),
+    )
+
+
+# -- standard formats --------------------------------------------------------------------------
+
+
+def read_trec_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """``qid iter docid rel`` lines → {qid: {docid: rel}}."""
+    qrels: dict[str, dict[str, int]] = {}
+    for line in Path(path).read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            qrels.setdefault(parts[0], {})[parts[2]] = int(parts[3])
+    return qrels
+
+
+def write_trec_run(path: str | Path, run: dict[str, list[tuple[str, float]]], tag: str) -> None:
+    """{qid: [(docid, score), ...] best first} → ``qid Q0 docid rank score tag`` lines."""
+    with Path(path).open("w") as fh:
+        for qid, ranked in run.items():
+            for rank, (docid, score) in enumerate(ranked, start=1):
+                fh.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
+
+
+def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
+    run: dict[str, list[tuple[str, float]]] = {}
+    for line in Path(path).read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 6:
+            run.setdefault(parts[0], []).append((parts[2], float(parts[4])))
+    for ranked in run.values():
+        ranked.sort(key=lambda item: -item[1])
+    return run
+
+
+def load_beir(folder: str | Path, split: str = "test") -> tuple[LoadResult, dict[str, str]]:
+    """A BEIR dataset folder → (questions with doc-level qrels, {doc id: title + text})."""
+    folder = Path(folder)
+    result = LoadResult()
+    corpus: dict[str, str] = {}
+    for number, line in enumerate((folder / "corpus.jsonl").open(encoding="utf-8"), start=1):
+        try:
+            doc = json.loads(line)
+            corpus[str(doc["_id"])] = f"{doc.get('title', '')}\n{doc['text']}".strip()
+        except (ValueError, KeyError) as exc:
+            result.errors.append(f"corpus.jsonl:{number}: {exc}")
+    qrels: dict[str, dict[str, int]] = {}
+    with (folder / "qrels" / f"{split}.tsv").open(encoding="utf-8") as fh:
+        for row in csv.DictReader(fh, delimiter="\t"):
+            qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
+    for number, line in enumerate((folder / "queries.jsonl").open(encoding="utf-8"), start=1):
+        try:
+            raw = json.loads(line)
+        except ValueError as exc:
+            result.errors.append(f"queries.jsonl:{number}: {exc}")
+            continue
+        qid = str(raw.get("_id"))
+        if qid not in qrels:
+            continue
+        relevant = tuple(d for d, rel in qrels[qid].items() if rel > 0)
+        result.questions.append(
+            Question(
+                id=qid,
+                question=str(raw["text"]),
+                answerable=bool(relevant),
+                relevant_docs=relevant,
+                type="beir",
+            )
+        )
+    return result, corpus
+
+
+def load_squad2(path: str | Path) -> tuple[LoadResult, dict[str, str]]:
+    """SQuAD 2.0 JSON → (questions, {context id: context}); impossible ones are unanswerable."""
+    data = json.loads(Path(path).read_text())
+    result = LoadResult()
+    corpus: dict[str, str] = {}
+    for a, article in enumerate(data.get("data", [])):
+        for p, paragraph in enumerate(article.get("paragraphs", [])):
+            context_id = f"squad-{a}-{p}"
+            corpus[context_id] = paragraph["context"]
+            for qa in paragraph.get("qas", []):
+                impossible = bool(qa.get("is_impossible", False))
+                answers = tuple(dict.fromkeys(x["text"] for x in qa.get("answers", [])))
+                if not impossible and not answers:
+                    result.errors.append(f"{qa.get('id')}: answerable question without answers")
+                    continue
+                result.questions.append(
+                    Question(
+                        id=str(qa["id"]),
+                        question=qa["question"],
+                        answerable=not impossible,
+                        answers=answers,
+                        type="squad" if not impossible else "unanswerable",
+                        relevant_docs=() if impossible else (context_id,),
+                    )
+                )
+    return result, corpus

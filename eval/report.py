@@ -1,0 +1,179 @@
+"""Turn rows into ``report.json``, ``summary.md``, ``rows.jsonl``, a TREC run and PNG plots."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from eval.metrics import (
+    answer_metrics,
+    credibility_metrics,
+    latency_summary,
+    precision_recall_curve,
+    retrieval_metrics,
+)
+from eval.questions import write_trec_run
+
+
+def build_report(
+    rows: Sequence[dict], threshold: float, config: dict[str, Any], load_errors: Sequence[str]
+) -> dict[str, Any]:
+    ok = [r for r in rows if "error" not in r]
+    by_type: dict[str, Any] = {}
+    for kind in sorted({r["type"] for r in ok}):
+        subset = [r for r in ok if r["type"] == kind]
+        by_type[kind] = {
+            "questions": len(subset),
+            "retrieval": retrieval_metrics(subset),
+            "answers": answer_metrics(subset),
+        }
+    hits = [r.get("cache_hit") for r in ok if "cache_hit" in r]
+    retrieval = retrieval_metrics(ok)
+    if retrieval is not None:
+        retrieval["strict"] = retrieval_metrics(ok, strict=True)  # type: ignore[assignment]
+    return {
+        "retrieval": retrieval,
+        "credibility": credibility_metrics(ok, threshold),
+        "credibility_curve": precision_recall_curve(ok),
+        "answers": answer_metrics(ok),
+        "latency_ms": {
+            name: latency_summary([r["latency_ms"][name] for r in ok if name in r["latency_ms"]])
+            for name in ("retrieve", "answer", "retrieve_cache_hit")
+        },
+        "cache_hit_ratio": sum(bool(h) for h in hits) / len(hits) if hits else None,
+        "by_type": by_type,
+        "counts": {
+            "questions": len(rows),
+            "answerable": sum(r["answerable"] for r in rows),
+            "unanswerable": sum(not r["answerable"] for r in rows),
+            "errors": len(rows) - len(ok) + len(load_errors),
+        },
+        "errors": [*load_errors, *(f"{r['id']}: {r['error']}" for r in rows if "error" in r)],
+        "config": config,
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """A Markdown table of the headline figures, overall and by type."""
+    keys = [
+        ("retrieval", "recall@10"),
+        ("retrieval", "mrr@10"),
+        ("retrieval", "ndcg@10"),
+        ("answers", "accuracy_answerable"),
+        ("answers", "abstain_rate_answerable"),
+        ("answers", "insufficient_rate_unanswerable"),
+        ("answers", "hallucination_rate"),
+    ]
+    header = (
+        "| slice | n | R@10 | MRR@10 | nDCG@10 | accuracy | abstain | INSUFF. (unans.) "
+        "| hallucination |"
+    )
+    lines = [header, "|" + "---|" * 9]
+    slices = [("all", report["counts"]["questions"], report)]
+    slices += [(k, v["questions"], v) for k, v in report["by_type"].items()]
+    for name, n, section in slices:
+        cells = [_fmt((section.get(s) or {}).get(k)) for s, k in keys]
+        lines.append(f"| {name} | {n} | " + " | ".join(cells) + " |")
+    lat = report["latency_ms"]
+    cred = report["credibility"] or {}
+    lines += [
+        "",
+        f"- Retrieve p50/p95/p99 (uncached): {_lat(lat['retrieve'])}; cache hit: "
+        f"{_lat(lat['retrieve_cache_hit'])}; Answer: {_lat(lat['answer'])}",
+        f"- Evidence filter at {_fmt(cred.get('threshold'))}: precision "
+        f"{_fmt(cred.get('precision'))}, recall {_fmt(cred.get('recall'))}, kept/query "
+        f"{_fmt(cred.get('kept_per_query'))}, unanswerable reaching the generator "
+        f"{_fmt(cred.get('unanswerable_reaching_generator'))}",
+        f"- Strict retrieval (gold page and gold answer in the chunk): R@10 "
+        f"{_fmt(((report['retrieval'] or {}).get('strict') or {}).get('recall@10'))}",
+        f"- Errors: {report['counts']['errors']}",
+    ]
+    return "\n".join(lines)
+
+
+def _lat(summary: dict[str, float] | None) -> str:
+    if not summary:
+        return "—"
+    return f"{summary['p50']:.1f} / {summary['p95']:.1f} / {summary['p99']:.1f} ms"
+
+
+def write_outputs(out: Path, report: dict[str, Any], rows: Sequence[dict]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "summary.md").write_text("# ragline eval\n\n" + summary_table(report) + "\n")
+    with (out / "rows.jsonl").open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    write_trec_run(
+        out / "run.trec",
+        {r["id"]: [(h["chunk_id"], h["score"]) for h in r.get("retrieved", [])] for r in rows},
+        tag="ragline",
+    )
+    return [out / n for n in ("report.json", "summary.md", "rows.jsonl", "run.trec")] + _plots(
+        out, report, rows
+    )
+
+
+def _plots(out: Path, report: dict[str, Any], rows: Sequence[dict]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in ("retrieve", "retrieve_cache_hit", "answer"):
+        values = sorted(r["latency_ms"][name] for r in rows if name in r.get("latency_ms", {}))
+        if values:
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
+    ax.set_xscale("log")
+    ax.set(xlabel="latency (ms)", ylabel="share of requests", title="Latency CDF")
+    ax.legend()
+    paths.append(_save(fig, out / "latency_cdf.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    curve = report["credibility_curve"]
+    if curve:
+        ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker=".")
+    ax.set(xlabel="recall", ylabel="precision", title="Evidence filter: precision vs recall")
+    paths.append(_save(fig, out / "credibility_pr.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    kinds = [k for k, v in report["by_type"].items() if v["answers"]]
+    values = []
+    for kind in kinds:
+        answers = report["by_type"][kind]["answers"]
+        key = (
+            "insufficient_rate_unanswerable"
+            if kind.startswith("unanswerable")
+            else ("accuracy_answerable")
+        )
+        values.append(answers[key] or 0.0)
+    ax.bar(kinds, values)
+    ax.set(
+        ylim=(0, 1),
+        ylabel="rate",
+        title="Accuracy (answerable) / INSUFFICIENT_INFO rate (unanswerable)",
+    )
+    ax.tick_params(axis="x", rotation=30)
+    paths.append(_save(fig, out / "accuracy_by_type.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

@@ -1,0 +1,150 @@
+"""Run questions against a ragline endpoint over gRPC and collect one row per question."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from tqdm import tqdm
+
+from eval.questions import Question, answer_matches, contains_answer
+from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+
+
+class Runner:
+    """Asks each question: Retrieve (uncached, then cached), Score, Answer."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        k: int = 100,
+        candidates: int = 4,
+        threshold: float = 0.0,
+        answers: bool = True,
+        timeout_s: float = 300.0,
+    ) -> None:
+        self.public = ragline_pb2_grpc.RaglineStub(channel)
+        self.credibility = stages_pb2_grpc.CredibilityServiceStub(channel)
+        self.k = k
+        self.candidates = candidates
+        self.threshold = threshold
+        self.answers = answers
+        self.timeout_s = timeout_s
+
+    async def run(self, questions: Sequence[Question], progress: bool = True) -> list[dict]:
+        rows = []
+        for question in tqdm(questions, desc="eval", unit="q", disable=not progress):
+            try:
+                rows.append(await self.ask(question))
+            except grpc.aio.AioRpcError as exc:
+                rows.append(_base_row(question) | {"error": f"{exc.code().name}: {exc.details()}"})
+        return rows
+
+    async def ask(self, question: Question) -> dict[str, Any]:
+        row = _base_row(question)
+        started = time.perf_counter()
+        miss = await self.public.Retrieve(
+            ragline_pb2.RetrieveRequest(query=question.question, k=self.k, bypass_cache=True),
+            timeout=self.timeout_s,
+        )
+        row["latency_ms"]["retrieve"] = _ms(started)
+        await self.public.Retrieve(  # populate the cache, then time a hit
+            ragline_pb2.RetrieveRequest(query=question.question, k=self.k),
+            timeout=self.timeout_s,
+        )
+        started = time.perf_counter()
+        hit = await self.public.Retrieve(
+            ragline_pb2.RetrieveRequest(query=question.question, k=self.k),
+            timeout=self.timeout_s,
+        )
+        row["latency_ms"]["retrieve_cache_hit"] = _ms(started)
+        row["cache_hit"] = hit.cache_hit
+        row["retrieved"] = [_hit_row(h, question) for h in miss.hits]
+
+        top = list(miss.hits[: self.candidates])
+        if top:
+            scored = await self.credibility.Score(
+                stages_pb2.ScoreRequest(
+                    query=question.question, hits=top, threshold=self.threshold
+                ),
+                timeout=self.timeout_s,
+            )
+            row["threshold"] = float(scored.threshold)
+            row["candidates"] = [
+                {
+                    "chunk_id": h.chunk.chunk_id,
+                    "score": float(s),
+                    "kept": bool(kept),
+                    "gold": bool(r["strict"]),
+                }
+                for h, s, kept, r in zip(
+                    top, scored.scores, scored.kept, row["retrieved"], strict=False
+                )
+            ]
+        else:
+            row["candidates"] = []
+
+        if self.answers:
+            started = time.perf_counter()
+            reply = await self.public.Answer(
+                ragline_pb2.AnswerRequest(query=question.question, threshold=self.threshold),
+                timeout=self.timeout_s,
+            )
+            row["latency_ms"]["answer"] = _ms(started)
+            cited_text = " ".join(
+                e.chunk.text
+                for e in reply.evidence
+                if any(c.chunk_id == e.chunk.chunk_id for c in reply.citations)
+            )
+            row.update(
+                answer=reply.answer,
+                insufficient=reply.insufficient,
+                reason=reply.reason,
+                citations=[
+                    {"source": c.source, "pages": list(c.pages), "chunk_id": c.chunk_id}
+                    for c in reply.citations
+                ],
+                correct=question.answerable
+                and not reply.insufficient
+                and answer_matches(reply.answer, question.answers),
+                citation_correct=bool(cited_text) and contains_answer(cited_text, question.answers),
+            )
+        return row
+
+
+def _base_row(question: Question) -> dict[str, Any]:
+    return {
+        "id": question.id,
+        "type": question.type,
+        "answerable": question.answerable,
+        "question": question.question,
+        "answers": list(question.answers),
+        "gold_pages": sorted(f"{f}#{p}" for f, p in question.gold_pages)
+        or [f"doc:{d}" for d in question.relevant_docs],
+        "latency_ms": {},
+    }
+
+
+def _hit_row(hit: Any, question: Question) -> dict[str, Any]:
+    chunk = hit.chunk
+    touched = sorted(
+        f"{chunk.source}#{p}" for p in chunk.pages if (chunk.source, p) in question.gold_pages
+    )
+    if not question.gold_pages and chunk.doc_id in question.relevant_docs:
+        touched = [f"doc:{chunk.doc_id}"]
+    return {
+        "chunk_id": chunk.chunk_id,
+        "source": chunk.source,
+        "pages": list(chunk.pages),
+        "score": hit.score,
+        "gold_pages": touched,
+        "strict": bool(touched) and contains_answer(chunk.text, question.answers)
+        if question.answers
+        else bool(touched),
+    }
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

@@ -1,0 +1,128 @@
+"""The eval harness against the real service, and its notebook executed for real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from eval.harness import EvalOptions, run_eval
+from services.server import RunningServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_questions(path: Path) -> Path:
+    rows = [
+        {
+            "id": "t1",
+            "question": "Which environment variable gives the location of the site "
+            "configuration file?",
+            "answerable": True,
+            "answers": ["FROB_HOME"],
+            "evidence": [{"file": "frob-manual.pdf", "page": 3, "quote": ""}],
+            "type": "factoid",
+        },
+        {
+            "id": "t2",
+            "question": "How many concurrent connections does the frobnicator accept?",
+            "answerable": True,
+            "answers": ["512"],
+            "evidence": [{"file": "frob-manual.pdf", "page": 4, "quote": ""}],
+            "type": "numeric",
+        },
+        {
+            "id": "t3",
+            "question": "What is the capital of Mongolia?",
+            "answerable": False,
+            "answers": [],
+            "evidence": [],
+            "type": "unanswerable",
+        },
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json at all\n")
+    return path
+
+
+async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Path) -> None:
+    questions = write_questions(tmp_path / "q.jsonl")
+    out = tmp_path / "out"
+    report = await run_eval(
+        EvalOptions(questions=questions, out=out, target=f"127.0.0.1:{server.port}", progress=False)
+    )
+    assert report["counts"] == {"questions": 3, "answerable": 2, "unanswerable": 1, "errors": 1}
+    assert "q.jsonl:4" in report["errors"][0]
+    retrieval = report["retrieval"]
+    assert set(retrieval) >= {
+        "recall@1",
+        "recall@5",
+        "recall@10",
+        "recall@100",
+        "mrr@10",
+        "ndcg@10",
+    }
+    assert retrieval["recall@10"] == pytest.approx(1.0)
+    answers = report["answers"]
+    assert answers["insufficient_rate_unanswerable"] == pytest.approx(1.0)
+    for value in [*retrieval.values(), *answers.values()]:
+        assert value is None or isinstance(value, dict) or 0.0 <= value <= 1.0
+    assert report["credibility"]["threshold"] == pytest.approx(8.0)
+    assert set(report["latency_ms"]) == {"retrieve", "answer", "retrieve_cache_hit"}
+    assert report["latency_ms"]["retrieve"]["p50"] > 0
+    assert report["cache_hit_ratio"] == pytest.approx(1.0)
+    assert set(report["by_type"]) == {"factoid", "numeric", "unanswerable"}
+    assert report["config"]["models"]["splade"] == "packaged:splade-tiny"
+    for name in (
+        "report.json",
+        "summary.md",
+        "rows.jsonl",
+        "run.trec",
+        "latency_cdf.png",
+        "credibility_pr.png",
+        "accuracy_by_type.png",
+    ):
+        assert (out / name).stat().st_size > 0
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 3
+
+
+async def test_retrieval_only_run_skips_answers(server: RunningServer, tmp_path: Path) -> None:
+    report = await run_eval(
+        EvalOptions(
+            questions=write_questions(tmp_path / "q.jsonl"),
+            out=tmp_path / "o",
+            target=f"127.0.0.1:{server.port}",
+            answers=False,
+            progress=False,
+        )
+    )
+    assert report["answers"] is None and report["latency_ms"]["answer"] is None
+    assert report["retrieval"]["mrr@10"] > 0
+
+
+async def test_notebook_runs_end_to_end(server: RunningServer, tmp_path: Path) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(ROOT / "eval" / "notebooks" / "quick_eval.ipynb", as_version=4)
+    os.environ.update(
+        RAGLINE_EVAL_TARGET=f"127.0.0.1:{server.port}",
+        RAGLINE_EVAL_QUESTIONS=str(write_questions(tmp_path / "q.jsonl")),
+        RAGLINE_EVAL_OUT=str(tmp_path / "nb"),
+    )
+    try:
+        client = NotebookClient(notebook, timeout=600, resources={"metadata": {"path": ROOT}})
+        # the kernel calls back into this process's server: keep its event loop free
+        await asyncio.to_thread(client.execute)
+    finally:
+        for key in ("RAGLINE_EVAL_TARGET", "RAGLINE_EVAL_QUESTIONS", "RAGLINE_EVAL_OUT"):
+            os.environ.pop(key, None)
+    images = [
+        o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
+    ]
+    assert len(images) == 3
+    assert (tmp_path / "nb" / "report.json").exists()

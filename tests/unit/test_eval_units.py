@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eval.metrics import answer_metrics, credibility_metrics, retrieval_metrics
+from eval.questions import (
+    answer_matches,
+    load_beir,
+    load_questions,
+    load_squad2,
+    read_trec_qrels,
+    read_trec_run,
+    write_trec_run,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def hit(chunk_id: str, gold: list[str], strict: bool = False) -> dict:
+    return {"chunk_id": chunk_id, "gold_pages": gold, "strict": strict, "score": 1.0}
+
+
+def test_retrieval_metrics_match_a_hand_computed_case() -> None:
+    rows = [
+        # gold page first at rank 2: RR = 1/2, R@1 = 0, R@5 = 1
+        {
+            "id": "a",
+            "type": "factoid",
+            "answerable": True,
+            "gold_pages": ["f#3"],
+            "retrieved": [hit("x", []), hit("y", ["f#3"], True), hit("z", ["f#3"])],
+        },
+        # multi-hop: pages f#1 and g#2; both only by rank 3, so R@1 = 0 and R@5 = 1
+        {
+            "id": "b",
+            "type": "multi_hop",
+            "answerable": True,
+            "gold_pages": ["f#1", "g#2"],
+            "retrieved": [hit("p", ["f#1"]), hit("q", []), hit("r", ["g#2"])],
+        },
+        # nothing relevant retrieved
+        {
+            "id": "c",
+            "type": "factoid",
+            "answerable": True,
+            "gold_pages": ["h#9"],
+            "retrieved": [hit("s", [])],
+        },
+    ]
+    m = retrieval_metrics(rows)
+    assert m is not None
+    assert m["recall@1"] == pytest.approx(0.0)
+    assert m["recall@5"] == pytest.approx(2 / 3)
+    # RR: a = 1/2, b = 1/1, c = 0
+    assert m["mrr@10"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)
+    # nDCG@10 for a: (1/log2(3)) / 1; b: (1 + 1/log2(4)) / (1 + 1/log2(3)); c: 0
+    import math
+
+    a = 1 / math.log2(3)
+    b = (1 + 1 / math.log2(4)) / (1 + 1 / math.log2(3))
+    assert m["ndcg@10"] == pytest.approx((a + b) / 3, rel=1e-4)
+    strict = retrieval_metrics(rows, strict=True)
+    assert strict is not None and strict["recall@10"] == pytest.approx(1 / 3)
+
+
+def test_answer_and_credibility_metrics() -> None:
+    rows = [
+        {
+            "answerable": True,
+            "insufficient": False,
+            "correct": True,
+            "citation_correct": True,
+            "candidates": [{"score": 9.0, "gold": True}, {"score": 2.0, "gold": False}],
+        },
+        {
+            "answerable": True,
+            "insufficient": True,
+            "correct": False,
+            "citation_correct": False,
+            "candidates": [{"score": 5.0, "gold": True}],
+        },
+        {
+            "answerable": False,
+            "insufficient": False,
+            "correct": False,
+            "citation_correct": False,
+            "candidates": [{"score": 8.5, "gold": False}],
+        },
+        {
+            "answerable": False,
+            "insufficient": True,
+            "correct": False,
+            "citation_correct": False,
+            "candidates": [],
+        },
+    ]
+    a = answer_metrics(rows)
+    assert a == {
+        "accuracy_answerable": 0.5,
+        "abstain_rate_answerable": 0.5,
+        "insufficient_rate_unanswerable": 0.5,
+        "hallucination_rate": 0.25,
+        "citation_correctness": 1.0,
+    }
+    c = credibility_metrics(rows, threshold=8.0)
+    assert c is not None
+    assert c["precision"] == pytest.approx(0.5) and c["recall"] == pytest.approx(0.5)
+    assert c["kept_per_query"] == pytest.approx(2 / 3)
+    assert c["unanswerable_reaching_generator"] == pytest.approx(1.0)
+
+
+def test_answer_matching_folds_case_quotes_and_needs_every_multi_hop_part() -> None:
+    assert answer_matches("Use ‘READ.FWF’ here", ["'read.fwf'"])
+    assert answer_matches("350 words and 7 figures", ["350; 7 figures"])
+    assert not answer_matches("350 words", ["350; 7 figures"])
+
+
+def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
+    good = {
+        "id": "q1",
+        "question": "What?",
+        "answerable": True,
+        "answers": ["x"],
+        "evidence": [{"file": "a.pdf", "page": 2, "quote": ""}],
+        "type": "factoid",
+    }
+    path = tmp_path / "q.jsonl"
+    path.write_text(
+        json.dumps(good)
+        + "\n{not json\n"
+        + json.dumps({**good, "id": "q3", "answers": []})
+        + "\n\n"
+        + json.dumps({**good, "id": "q4", "answerable": False, "answers": []})
+        + "\n"
+    )
+    loaded = load_questions(path)
+    assert [q.id for q in loaded.questions] == ["q1", "q4"]
+    assert [e.split(":")[1] for e in loaded.errors] == ["2", "3"]
+    assert loaded.questions[0].gold_pages == {("a.pdf", 2)}
+
+
+def test_beir_squad_and_trec_formats(tmp_path: Path) -> None:
+    beir = tmp_path / "tiny"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text(
+        '{"_id": "d1", "title": "T", "text": "alpha"}\n{"_id": "d2", "text": "beta"}\n'
+    )
+    (beir / "queries.jsonl").write_text(
+        '{"_id": "1", "text": "alpha?"}\n{"_id": "9", "text": "x"}\n'
+    )
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\td1\t1\n")
+    loaded, corpus = load_beir(beir)
+    assert corpus == {"d1": "T\nalpha", "d2": "beta"}
+    assert [(q.id, q.relevant_docs) for q in loaded.questions] == [("1", ("d1",))]
+
+    squad = tmp_path / "squad.json"
+    squad.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {
+                        "paragraphs": [
+                            {
+                                "context": "Paris is in France.",
+                                "qas": [
+                                    {
+                                        "id": "s1",
+                                        "question": "Where is Paris?",
+                                        "answers": [{"text": "France"}],
+                                        "is_impossible": False,
+                                    },
+                                    {
+                                        "id": "s2",
+                                        "question": "Who?",
+                                        "answers": [],
+                                        "is_impossible": True,
+                                    },
+                                ],
+                            }
+                        ]
+                    }
+                ]
+            }
+        )
+    )
+    loaded, corpus = load_squad2(squad)
+    assert [(q.id, q.answerable, q.answers) for q in loaded.questions] == [
+        ("s1", True, ("France",)),
+        ("s2", False, ()),
+    ]
+    assert list(corpus.values()) == ["Paris is in France."]
+
+    run = tmp_path / "run.trec"
+    write_trec_run(run, {"q1": [("d1", 2.0), ("d2", 1.0)]}, tag="t")
+    assert read_trec_run(run) == {"q1": [("d1", 2.0), ("d2", 1.0)]}
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 d1 1\nq1 0 d3 0\n")
+    assert read_trec_qrels(qrels) == {"q1": {"d1": 1, "d3": 0}}
