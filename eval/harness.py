@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from eval.corpus import corpus_manifest_for, ensure_corpus
 from eval.questions import LoadResult, load_beir, load_questions, load_squad2
 from eval.report import build_report, summary_table, write_outputs
 from eval.runner import Runner
+from ingest.batch import run_batch
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,11 +94,19 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
     settings.server.port = 0
     running = await start_server(settings)
     try:
-        if pdfs:
-            report = await running.gateway.ingest([str(p) for p in pdfs], [])
-            failed = [r for r in report.results if r.status == "failed"]
-            for r in failed:
-                print(f"ingest failed: {r.source}: {r.reason}", file=sys.stderr)
+        if pdfs:  # unchanged documents are skipped by content hash
+            gateway = running.gateway
+            report = await asyncio.to_thread(
+                run_batch,
+                pdfs,
+                gateway.store,
+                gateway.chunker,
+                gateway.pdf_limits,
+                options.progress,
+            )
+            for r in report.results:
+                if r.status == "failed":
+                    print(f"ingest failed: {r.source}: {r.reason}", file=sys.stderr)
         yield (
             f"127.0.0.1:{running.port}",
             {"target": "embedded", "settings": settings.model_dump(mode="json")},

@@ -280,10 +280,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from pydantic import ValidationError
+
     from ragline.errors import RaglineError
 
     try:
         return int(args.func(args))
+    except ValidationError as exc:
+        print(f"error: invalid configuration (RAGLINE_* environment):\n{exc}", file=sys.stderr)
+        return 2
     except RaglineError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2

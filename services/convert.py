@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from ingest.batch import FileResult, IngestReport
 from ragline.types import Answer, Chunk, Citation, Hit
 from ragline.v1 import common_pb2, ragline_pb2
+from retriever.search import RetrievalResult
 from services.gateway import AnswerResult
 
 _STATUS = {
@@ -66,6 +67,16 @@ def citations_to_pb(citations: Sequence[Citation]) -> list[common_pb2.Citation]:
         )
         for c in citations
     ]
+
+
+def retrieval_fields(result: RetrievalResult) -> dict:
+    """The fields shared by ``RetrieveResponse`` and the internal ``SearchResponse``."""
+    return {
+        "hits": hits_to_pb(result.hits),
+        "cache_hit": result.cache_hit,
+        "index_generation": result.generation,
+        "timings_ms": result.timings_ms,
+    }
 
 
 def answer_fields(answer: Answer) -> dict:

@@ -48,12 +48,7 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         result = await within_deadline(
             context, self.gateway.retrieve(request.query, request.k, request.bypass_cache)
         )
-        return ragline_pb2.RetrieveResponse(
-            hits=convert.hits_to_pb(result.hits),
-            cache_hit=result.cache_hit,
-            index_generation=result.generation,
-            timings_ms=result.timings_ms,
-        )
+        return ragline_pb2.RetrieveResponse(**convert.retrieval_fields(result))
 
     async def Answer(self, request, context):  # noqa: N802
         result = await within_deadline(
@@ -119,12 +114,7 @@ class RetrieverServicer(stages_pb2_grpc.RetrieverServiceServicer):
         result = await within_deadline(
             context, self.gateway.retrieve(request.query, request.k, request.bypass_cache)
         )
-        return stages_pb2.SearchResponse(
-            hits=convert.hits_to_pb(result.hits),
-            cache_hit=result.cache_hit,
-            index_generation=result.generation,
-            timings_ms=result.timings_ms,
-        )
+        return stages_pb2.SearchResponse(**convert.retrieval_fields(result))
 
 
 class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):

@@ -53,3 +53,13 @@ def test_help_lists_commands_and_environment() -> None:
     text = build_parser().format_help()
     for word in ("ingest", "serve", "retrieve", "answer", "RAGLINE_CACHE_TTL_S"):
         assert word in text
+
+
+def test_cli_reports_invalid_configuration(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    monkeypatch.setenv("RAGLINE_CACHE_TTL_S", "-1")
+    assert main(["stats"]) == 2
+    assert "invalid configuration" in capsys.readouterr().err
