@@ -6,7 +6,6 @@ to the sink one at a time, so memory stays bounded by the largest single documen
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -17,7 +16,7 @@ from typing import Literal, Protocol
 from tqdm import tqdm
 
 from ingest.chunker import ChunkerConfig, chunk_pages
-from ingest.pdf import PdfLimits, doc_id_for, read_pdf
+from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf
 from ragline.errors import InvalidArgument, RaglineError
 from ragline.types import Chunk
 
@@ -42,6 +41,8 @@ class FileResult:
     reason: str = ""
     pages: int = 0
     chunks: int = 0
+    flagged: tuple[int, ...] = ()
+    """Pages left out: no text layer, or garbled text (quality under the threshold)."""
 
 
 @dataclass(slots=True)
@@ -57,6 +58,10 @@ class IngestReport:
         return sum(r.pages for r in self.results if r.status in ("ingested", "replaced"))
 
     @property
+    def flagged(self) -> int:
+        return sum(len(r.flagged) for r in self.results)
+
+    @property
     def chunks(self) -> int:
         return sum(r.chunks for r in self.results if r.status in ("ingested", "replaced"))
 
@@ -65,7 +70,8 @@ class IngestReport:
         return (
             f"{self.count('ingested')} ingested, {self.count('replaced')} replaced, "
             f"{self.count('unchanged')} unchanged, {self.count('failed')} failed; "
-            f"{self.pages} pages, {self.chunks} chunks in {self.seconds:.1f} s ({rate:.1f} pages/s)"
+            f"{self.pages} pages ({self.flagged} flagged), {self.chunks} chunks "
+            f"in {self.seconds:.1f} s ({rate:.1f} pages/s)"
         )
 
 
@@ -99,10 +105,12 @@ def ingest_one(
     try:
         doc_id = doc_id_for(name)
         previous = sink.content_hash_of(doc_id)
-        if previous == hashlib.sha256(data).hexdigest():  # unchanged: skip parsing entirely
+        if previous == document_identity(data):  # unchanged: skip parsing entirely
             return FileResult(name, doc_id, "unchanged")
         doc = read_pdf(data, name, limits)
-        chunks = chunk_pages(doc.doc_id, doc.content_hash, doc.pages, doc.source, chunker)
+        chunks = chunk_pages(
+            doc.doc_id, doc.content_hash, doc.pages, doc.source, chunker, doc.titles
+        )
         if not chunks:
             raise InvalidArgument.for_field("document", f"{name}: no text to index")
         sink.put(doc.doc_id, doc.content_hash, chunks)
@@ -110,7 +118,9 @@ def ingest_one(
         logger.warning("skipped %s: %s", name, exc.message)
         return FileResult(name, doc_id, "failed", reason=exc.message)
     status: Status = "ingested" if previous is None else "replaced"
-    return FileResult(name, doc_id, status, pages=len(doc.pages), chunks=len(chunks))
+    return FileResult(
+        name, doc_id, status, pages=len(doc.pages), chunks=len(chunks), flagged=doc.flagged
+    )
 
 
 def run_batch(

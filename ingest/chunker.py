@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ragline.types import Chunk
@@ -39,8 +40,12 @@ def chunk_pages(
     pages: tuple[str, ...] | list[str],
     source: str = "",
     config: ChunkerConfig | None = None,
+    titles: Sequence[tuple[str, ...]] = (),
 ) -> list[Chunk]:
-    """Chunk a document's pages (page i is ``pages[i - 1]``) into overlapping windows."""
+    """Chunk a document's pages (page i is ``pages[i - 1]``) into overlapping windows.
+
+    ``titles[i - 1]`` is page i's outline title path; a chunk takes its first page's.
+    """
     config = config or ChunkerConfig()
     words: list[str] = []
     word_pages: list[int] = []
@@ -67,6 +72,7 @@ def chunk_pages(
                 text=" ".join(words[start:end]),
                 pages=tuple(sorted(set(word_pages[start:end]))),
                 source=source,
+                title_path=titles[word_pages[start] - 1] if titles else (),
             )
         )
     return chunks

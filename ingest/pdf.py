@@ -10,9 +10,17 @@ from pathlib import Path
 
 import pymupdf
 
+from ingest.layout import Block, body_text, running_lines, text_quality, title_paths
 from ragline.errors import InvalidArgument
 
 PDF_MAGIC = b"%PDF-"
+PARSER_VERSION = b"ragline-parser-2"
+"""Part of a document's identity: a parser change re-ingests unchanged files once."""
+
+
+def document_identity(data: bytes) -> str:
+    """The content hash chunk ids derive from: file bytes plus the parser version."""
+    return hashlib.sha256(PARSER_VERSION + data).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +29,8 @@ class PdfLimits:
 
     max_bytes: int = 200 * 1024 * 1024
     max_pages: int = 5000
+    min_quality: float = 0.5
+    """Pages scoring below this (garbled text) are flagged and left out of the index."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +38,15 @@ class ParsedDocument:
     doc_id: str
     source: str
     content_hash: str
-    """sha256 of the file bytes: the identity of this version of the document."""
+    """Identity of this version of the document (see :func:`document_identity`)."""
     pages: tuple[str, ...]
-    """Cleaned text per physical page; index i is page i + 1."""
+    """Cleaned text per physical page; index i is page i + 1. Low-quality pages are empty."""
+    titles: tuple[tuple[str, ...], ...] = ()
+    """Outline title path per page (empty tuples when the PDF has no outline)."""
+    quality: tuple[float, ...] = ()
+    """Text quality per page, 0..1 (see ``ingest.layout.text_quality``)."""
+    flagged: tuple[int, ...] = ()
+    """1-based pages kept out of the index: no text, or quality under the threshold."""
 
 
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
@@ -83,17 +99,40 @@ def read_pdf(
         if doc.page_count > limits.max_pages:
             raise bad(f"{doc.page_count} pages is over the limit of {limits.max_pages}")
         try:
-            pages = tuple(
-                clean_page_text(page.get_text("text", flags=pymupdf.TEXT_DEHYPHENATE))
-                for page in doc.pages()
-            )
+            pages, titles, quality = _extract(doc)
         except Exception as exc:
             raise bad(f"corrupt PDF: text extraction failed ({exc})") from exc
     if not any(pages):
         raise bad("no extractable text (scanned or image-only PDF)")
+    flagged = tuple(
+        n
+        for n, (text, q) in enumerate(zip(pages, quality, strict=True), start=1)
+        if not text or q < limits.min_quality
+    )
+    pages = tuple("" if n in flagged else text for n, text in enumerate(pages, start=1))
     return ParsedDocument(
         doc_id=doc_id or doc_id_for(name),
         source=Path(name).name,
-        content_hash=hashlib.sha256(data).hexdigest(),
+        content_hash=document_identity(data),
         pages=pages,
+        titles=titles,
+        quality=quality,
+        flagged=flagged,
     )
+
+
+def _extract(
+    doc: pymupdf.Document,
+) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...], tuple[float, ...]]:
+    """Page texts without running headers/footers, outline title paths, quality scores."""
+    blocks, heights = [], []
+    for page in doc.pages():
+        raw = page.get_text("blocks", flags=pymupdf.TEXT_DEHYPHENATE)
+        blocks.append([Block(b[1], b[3], b[4]) for b in raw if b[6] == 0 and b[4].strip()])
+        heights.append(page.rect.height)
+    running = running_lines(blocks, heights)
+    texts = tuple(
+        clean_page_text(body_text(b, h, running)) for b, h in zip(blocks, heights, strict=True)
+    )
+    titles = tuple(title_paths(doc.get_toc(simple=True), doc.page_count))
+    return texts, titles, tuple(text_quality(t) for t in texts)

@@ -25,6 +25,9 @@ class Chunk:
     """1-based physical page numbers the chunk spans."""
     source: str = ""
     """File name the document was read from."""
+    title_path: tuple[str, ...] = ()
+    """Section headings the chunk sits under, outermost first."""
+    kind: str = "text"
 
     def __post_init__(self) -> None:
         if not self.chunk_id or not self.doc_id:

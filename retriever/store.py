@@ -135,7 +135,7 @@ class IndexStore:
     # -- writing -----------------------------------------------------------------------------
     def put(self, doc_id: str, content_hash: str, chunks: Sequence[Chunk]) -> None:
         """Add or replace a document's chunks and commit a new snapshot."""
-        rows = self.encoder.encode_documents([c.text for c in chunks])
+        rows = self.encoder.encode_documents([encoding_text(c) for c in chunks])
         with self._writer():
             self._docs[doc_id] = _Doc(content_hash, list(chunks), rows)
             self._commit()
@@ -227,6 +227,14 @@ class IndexStore:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def encoding_text(chunk: Chunk) -> str:
+    """What SPLADE encodes: the section title path, then the text. Headings carry the topic
+    that running headers used to repeat on every page ("2 Spreadsheet-like data")."""
+    if not chunk.title_path:
+        return chunk.text
+    return " > ".join(chunk.title_path) + "\n" + chunk.text
+
+
 def _read_manifest(snap: Path) -> dict:
     try:
         manifest = json.loads((snap / "manifest.json").read_text())
@@ -244,6 +252,7 @@ def _read_manifest(snap: Path) -> dict:
 def _chunk_from_json(line: str) -> Chunk:
     raw = json.loads(line)
     raw["pages"] = tuple(raw["pages"])
+    raw["title_path"] = tuple(raw.get("title_path", ()))
     return Chunk(**raw)
 
 

@@ -44,7 +44,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             args.paths,
             store,
             ChunkerConfig(i.target_words, i.overlap_words),
-            PdfLimits(i.max_bytes, i.max_pages),
+            PdfLimits(i.max_bytes, i.max_pages, i.min_quality),
             progress=not args.quiet,
         )
     except RaglineError as exc:
@@ -55,6 +55,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             print(f"FAILED  {result.source}: {result.reason}", file=sys.stderr)
         elif args.verbose:
             counts = f"{result.pages} pages, {result.chunks} chunks"
+            if result.flagged:
+                counts += f", pages left out: {', '.join(map(str, result.flagged))}"
             print(f"{result.status:<9} {result.source} ({counts})")
     print(report.summary())
     print(

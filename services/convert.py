@@ -26,6 +26,8 @@ def chunk_to_pb(chunk: Chunk) -> common_pb2.Chunk:
         text=chunk.text,
         pages=list(chunk.pages),
         source=chunk.source,
+        title_path=list(chunk.title_path),
+        kind=chunk.kind,
     )
 
 
@@ -37,6 +39,8 @@ def chunk_from_pb(pb: common_pb2.Chunk) -> Chunk:
         text=pb.text,
         pages=tuple(pb.pages),
         source=pb.source,
+        title_path=tuple(pb.title_path),
+        kind=pb.kind or "text",
     )
 
 

@@ -88,7 +88,7 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
         limits=Limits(default_k=r.default_k, max_k=r.max_k, max_query_chars=r.max_query_chars),
         evidence_k=g.evidence_k,
         chunker=ChunkerConfig(i.target_words, i.overlap_words),
-        pdf_limits=PdfLimits(max_bytes=i.max_bytes, max_pages=i.max_pages),
+        pdf_limits=PdfLimits(i.max_bytes, i.max_pages, i.min_quality),
     )
 
 

@@ -42,6 +42,9 @@ class IngestSettings(BaseSettings):
     overlap_words: int = Field(40, ge=0, description="Words shared by neighbouring chunks.")
     max_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Larger files are refused.")
     max_pages: int = Field(5000, ge=1, description="PDFs with more pages are refused.")
+    min_quality: float = Field(
+        0.5, ge=0, le=1, description="Pages whose text quality is lower are left out (garbled)."
+    )
 
 
 class RetrieverSettings(BaseSettings):

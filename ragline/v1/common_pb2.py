@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragline/v1/common.proto\x12\nragline.v1\"g\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x0f\n\x07ordinal\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\r\n\x05pages\x18\x05 \x03(\x05\x12\x0e\n\x06source\x18\x06 \x01(\t\"\xb0\x01\n\x03Hit\x12 \n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x11.ragline.v1.Chunk\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x36\n\x0cstage_scores\x18\x03 \x03(\x0b\x32 .ragline.v1.Hit.StageScoresEntry\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x1a\x32\n\x10StageScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"[\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x03 \x01(\t\x12\r\n\x05pages\x18\x04 \x03(\x05\x12\x0e\n\x06source\x18\x05 \x01(\t\"/\n\x0cSparseVector\x12\x0f\n\x07indices\x18\x01 \x03(\x05\x12\x0e\n\x06values\x18\x02 \x03(\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragline/v1/common.proto\x12\nragline.v1\"\x89\x01\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x0f\n\x07ordinal\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\r\n\x05pages\x18\x05 \x03(\x05\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x12\n\ntitle_path\x18\x07 \x03(\t\x12\x0c\n\x04kind\x18\x08 \x01(\t\"\xb0\x01\n\x03Hit\x12 \n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x11.ragline.v1.Chunk\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x36\n\x0cstage_scores\x18\x03 \x03(\x0b\x32 .ragline.v1.Hit.StageScoresEntry\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x1a\x32\n\x10StageScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"[\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x03 \x01(\t\x12\r\n\x05pages\x18\x04 \x03(\x05\x12\x0e\n\x06source\x18\x05 \x01(\t\"/\n\x0cSparseVector\x12\x0f\n\x07indices\x18\x01 \x03(\x05\x12\x0e\n\x06values\x18\x02 \x03(\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,14 +33,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HIT_STAGESCORESENTRY']._loaded_options = None
   _globals['_HIT_STAGESCORESENTRY']._serialized_options = b'8\001'
-  _globals['_CHUNK']._serialized_start=39
-  _globals['_CHUNK']._serialized_end=142
-  _globals['_HIT']._serialized_start=145
-  _globals['_HIT']._serialized_end=321
-  _globals['_HIT_STAGESCORESENTRY']._serialized_start=271
-  _globals['_HIT_STAGESCORESENTRY']._serialized_end=321
-  _globals['_CITATION']._serialized_start=323
-  _globals['_CITATION']._serialized_end=414
-  _globals['_SPARSEVECTOR']._serialized_start=416
-  _globals['_SPARSEVECTOR']._serialized_end=463
+  _globals['_CHUNK']._serialized_start=40
+  _globals['_CHUNK']._serialized_end=177
+  _globals['_HIT']._serialized_start=180
+  _globals['_HIT']._serialized_end=356
+  _globals['_HIT_STAGESCORESENTRY']._serialized_start=306
+  _globals['_HIT_STAGESCORESENTRY']._serialized_end=356
+  _globals['_CITATION']._serialized_start=358
+  _globals['_CITATION']._serialized_end=449
+  _globals['_SPARSEVECTOR']._serialized_start=451
+  _globals['_SPARSEVECTOR']._serialized_end=498
 # @@protoc_insertion_point(module_scope)

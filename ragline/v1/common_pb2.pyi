@@ -7,20 +7,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Chunk(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "ordinal", "text", "pages", "source")
+    __slots__ = ("chunk_id", "doc_id", "ordinal", "text", "pages", "source", "title_path", "kind")
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TITLE_PATH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     ordinal: int
     text: str
     pages: _containers.RepeatedScalarFieldContainer[int]
     source: str
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ..., pages: _Optional[_Iterable[int]] = ..., source: _Optional[str] = ...) -> None: ...
+    title_path: _containers.RepeatedScalarFieldContainer[str]
+    kind: str
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ..., pages: _Optional[_Iterable[int]] = ..., source: _Optional[str] = ..., title_path: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("chunk", "score", "stage_scores", "rank")

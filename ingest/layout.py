@@ -1,0 +1,99 @@
+"""Page layout clean-up: running headers/footers, section title paths, text quality.
+
+All three are document-level judgements made from PyMuPDF text blocks:
+
+- a *running header/footer* is a block in the top or bottom margin whose text, with digits
+  folded ("Chapter 2: Spreadsheet-like data 10" → "chapter #: spreadsheet-like data #"), recurs
+  on many pages; a margin block that is only a page number is dropped too;
+- a page's *title path* comes from the PDF outline (bookmarks): the chain of headings in force
+  at the end of the page;
+- *quality* is 1 for clean text and falls with garbled glyphs (private-use, control or
+  replacement characters), long runs of one glyph, and text that is mostly not letters.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MARGIN = 0.1
+"""Top and bottom share of the page height where running headers and footers live."""
+MIN_REPEATS = 3
+"""A margin block (digits folded) seen on this many pages is running. Not a share of all pages:
+manuals change their running head per chapter ("Chapter 2: ..." on a handful of pages)."""
+
+_DIGITS = re.compile(r"\d+")
+_SPACES = re.compile(r"\s+")
+_PAGE_NUMBER = re.compile(r"^\s*(page\s*)?[\divxlc]+(\s*(of|/)\s*\d+)?\s*$", re.I)
+_GLYPH_RUN = re.compile(r"([^\s.\-_=*·])\1{7,}")
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    y0: float
+    y1: float
+    text: str
+
+
+def margin_key(text: str) -> str:
+    return _SPACES.sub(" ", _DIGITS.sub("#", text)).strip().casefold()
+
+
+def running_lines(pages: Sequence[Sequence[Block]], heights: Sequence[float]) -> set[str]:
+    """Keys of margin blocks that recur on enough pages to be headers or footers."""
+    counts: Counter[str] = Counter()
+    for blocks, height in zip(pages, heights, strict=True):
+        keys = {margin_key(b.text) for b in blocks if _in_margin(b, height)}
+        counts.update(k for k in keys if k)
+    return {key for key, n in counts.items() if n >= MIN_REPEATS}
+
+
+def body_text(blocks: Sequence[Block], height: float, running: set[str]) -> str:
+    """A page's text without running headers/footers and bare page numbers."""
+    kept = []
+    for block in blocks:
+        if _in_margin(block, height) and (
+            margin_key(block.text) in running or _PAGE_NUMBER.match(block.text)
+        ):
+            continue
+        kept.append(block.text.strip())
+    return "\n".join(t for t in kept if t)
+
+
+def _in_margin(block: Block, height: float) -> bool:
+    return block.y1 <= height * MARGIN or block.y0 >= height * (1 - MARGIN)
+
+
+def title_paths(toc: Sequence[Sequence], page_count: int) -> list[tuple[str, ...]]:
+    """For each page (index 0 = page 1), the outline headings in force at its end."""
+    by_page: dict[int, list[tuple[int, str]]] = {}
+    for entry in toc:
+        level, title, page = int(entry[0]), str(entry[1]).strip(), int(entry[2])
+        if title and 1 <= page <= page_count:
+            by_page.setdefault(page, []).append((level, title))
+    stack: list[str] = []
+    paths: list[tuple[str, ...]] = []
+    for page in range(1, page_count + 1):
+        for level, title in by_page.get(page, []):
+            del stack[level - 1 :]
+            stack.extend([""] * (level - 1 - len(stack)))
+            stack.append(_SPACES.sub(" ", title))
+        paths.append(tuple(t for t in stack if t))
+    return paths
+
+
+def text_quality(text: str) -> float:
+    """1.0 for clean text, towards 0 for garbled extraction; empty text scores 0."""
+    chars = [c for c in text if not c.isspace()]
+    if not chars:
+        return 0.0
+    weird = sum(c == "\ufffd" or unicodedata.category(c) in ("Co", "Cc", "Cn", "Cs") for c in chars)
+    alnum = sum(c.isalnum() for c in chars)
+    runs = sum(len(m.group(0)) for m in _GLYPH_RUN.finditer(text))
+    score = 1.0 - 5.0 * weird / len(chars) - runs / len(chars)
+    if alnum / len(chars) < 0.3:
+        score *= 0.5
+    return round(max(0.0, min(1.0, score)), 3)

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pymupdf
+import pytest
+
+from ingest.chunker import chunk_pages
+from ingest.layout import Block, body_text, running_lines, text_quality, title_paths
+from ingest.pdf import read_pdf
+
+pytestmark = pytest.mark.unit
+
+
+def test_running_headers_and_page_numbers_are_found_and_removed() -> None:
+    pages = [
+        [
+            Block(20, 40, f"Chapter 2: Data import {n}"),
+            Block(100, 400, f"Body text {n}."),
+            Block(760, 780, str(n)),
+        ]
+        for n in range(1, 6)
+    ]
+    running = running_lines(pages, [792.0] * 5)
+    assert running == {"chapter #: data import #", "#"}
+    assert body_text(pages[2], 792.0, running) == "Body text 3."
+    # a heading that happens to sit in the body is never dropped
+    assert body_text([Block(300, 320, "Chapter 2: Data import 3")], 792.0, running)
+
+
+def test_title_paths_follow_the_outline() -> None:
+    toc = [[1, "1 Intro", 1], [2, "1.1 Scope", 2], [1, "2 Data", 3], [2, "2.1 Fixed width", 3]]
+    assert title_paths(toc, 4) == [
+        ("1 Intro",),
+        ("1 Intro", "1.1 Scope"),
+        ("2 Data", "2.1 Fixed width"),
+        ("2 Data", "2.1 Fixed width"),
+    ]
+    assert title_paths([], 2) == [(), ()]
+
+
+def test_text_quality_separates_clean_from_garbled() -> None:
+    assert text_quality("Function read.fwf reads fixed-width files.") == 1.0
+    assert text_quality("\ue000\ue001\ue002 abc \ufffd\ufffd") < 0.5
+    assert text_quality("ﾂﾂﾂﾂﾂﾂﾂﾂﾂﾂﾂﾂ some text") < 0.5
+    assert text_quality("") == 0.0
+    # a numeric table is not garbled
+    assert text_quality("1 2 3 4\n5.5 6.5 7.5\n10 20 30") >= 0.5
+
+
+def test_pdf_headers_footers_and_outline(tmp_path: Path, make_pdf: Callable[..., Path]) -> None:
+    doc = pymupdf.open()
+    for n in range(1, 5):
+        page = doc.new_page()
+        page.insert_text((72, 40), "R Data Import/Export Manual", fontsize=9)
+        page.insert_textbox(
+            pymupdf.Rect(72, 100, 540, 700),
+            f"Section body {n} about spreadsheets and fixed-width files.",
+            fontsize=11,
+        )
+        page.insert_text((300, 820), str(n), fontsize=9)  # A4: 842 pt high
+    doc.set_toc([[1, "2 Spreadsheet-like data", 1], [2, "2.2 Fixed-width-format files", 3]])
+    path = tmp_path / "manual.pdf"
+    doc.save(path)
+    parsed = read_pdf(path.read_bytes(), path.name)
+    assert all("Manual" not in text for text in parsed.pages)
+    assert parsed.pages[2].strip() == "Section body 3 about spreadsheets and fixed-width files."
+    assert parsed.titles[2] == ("2 Spreadsheet-like data", "2.2 Fixed-width-format files")
+    assert parsed.flagged == () and min(parsed.quality) == 1.0
+    chunks = chunk_pages(parsed.doc_id, parsed.content_hash, parsed.pages, titles=parsed.titles)
+    assert chunks[0].title_path == ("2 Spreadsheet-like data",)
+
+
+def test_pages_without_text_are_flagged(make_pdf: Callable[..., Path]) -> None:
+    path = make_pdf("gap.pdf", ["First page text.", "", "Third page text."])
+    parsed = read_pdf(path.read_bytes(), path.name)
+    assert parsed.flagged == (2,)
