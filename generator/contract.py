@@ -56,8 +56,34 @@ def clean_output(raw: str, max_sentences: int = 2) -> str:
     return " ".join(sentences[:max_sentences]).strip()
 
 
+_KEY = re.compile(r"\d|_|\(|[A-Za-z]\.[A-Za-z]|[A-Z].*[A-Z]")
+
+
+def key_tokens(words: set[str], raw: str) -> set[str]:
+    """The answer's load-bearing tokens: numbers, code identifiers (read.fwf, R_HOME, f(x)),
+    acronyms. ``words`` are lower-cased content tokens; ``raw`` keeps the original case."""
+    cased = {t.strip(".:-") for t in _TOKEN.findall(raw)}
+    keys = {t.lower() for t in cased if _KEY.search(t)}
+    return {w for w in words if w in keys}
+
+
+def anchored(key: str, passage_words: list[str], question_words: set[str], window: int) -> bool:
+    """Whether ``key`` occurs in the passage within ``window`` words of a question word: an
+    invented number or name tends to sit nowhere near what the question asks about."""
+    for i, word in enumerate(passage_words):
+        if key in word:
+            near = passage_words[max(0, i - window) : i + window + 1]
+            if question_words & {w.strip(".,;:()[]'\"") for w in near}:
+                return True
+    return False
+
+
 def check_answer(
-    question: str, raw_output: str, evidence: Sequence[Hit], min_support: float = 0.6
+    question: str,
+    raw_output: str,
+    evidence: Sequence[Hit],
+    min_support: float = 0.6,
+    key_window: int = 0,
 ) -> Answer:
     """Parse citations and apply the support check.
 
@@ -66,6 +92,8 @@ def check_answer(
         raw_output: what the model generated.
         evidence: the passages, numbered [1]..[n] in the prompt.
         min_support: share of the answer's new content words that must occur in the cited text.
+        key_window: when > 0, every number or identifier the answer adds must occur in the cited
+            text within this many words of a question word (``key_unanchored`` otherwise).
     """
     text = clean_output(raw_output)
     if not evidence:
@@ -91,6 +119,11 @@ def check_answer(
     supported = len(new_words & support_text) / len(new_words)
     if not cited or supported < min_support:
         return Answer.insufficient_info("unsupported")
+    if key_window > 0:
+        passage = " ".join(evidence[n - 1].chunk.text for n in cited).lower().split()
+        asked = content_tokens(question)
+        if not all(anchored(k, passage, asked, key_window) for k in key_tokens(new_words, body)):
+            return Answer.insufficient_info("key_unanchored")
     citations = tuple(
         Citation(
             number=n,

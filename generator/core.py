@@ -28,12 +28,14 @@ class AnswerGenerator:
         backend: TextBackend,
         max_new_tokens: int = 96,
         max_evidence_chars: int = 3000,
-        min_support: float = 0.6,
+        min_support: float = 0.9,
+        key_window: int = 8,
     ) -> None:
         self.backend = backend
         self.max_new_tokens = max_new_tokens
         self.max_evidence_chars = max_evidence_chars
         self.min_support = min_support
+        self.key_window = key_window
 
     def warm_up(self) -> None:
         self.backend.warm_up()
@@ -50,7 +52,7 @@ class AnswerGenerator:
         async for delta in self.backend.stream(messages, max_new_tokens or self.max_new_tokens):
             parts.append(delta)
             yield delta
-        yield check_answer(question, "".join(parts), evidence, self.min_support)
+        yield check_answer(question, "".join(parts), evidence, self.min_support, self.key_window)
 
     async def answer(
         self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0

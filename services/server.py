@@ -77,6 +77,7 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
         max_new_tokens=g.max_new_tokens,
         max_evidence_chars=g.max_evidence_chars,
         min_support=g.min_support,
+        key_window=g.key_window,
     )
     r = settings.retriever
     i = settings.ingest

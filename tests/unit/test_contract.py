@@ -93,3 +93,26 @@ def test_prompt_respects_the_evidence_budget() -> None:
     long = [hit("word " * 1000, n=i) for i in range(3)]
     user = build_messages(QUESTION, long, max_evidence_chars=1500)[1]["content"]
     assert user.count("word") <= 1500 // 5 + 1
+
+
+def test_invented_number_far_from_the_question_is_unanchored() -> None:
+    evidence = [
+        hit(
+            "The CRAN policies describe submission. Elsewhere, a buffer of 100 bytes is used "
+            "by the parser for reading lines of input from connections and sockets.",
+            n=0,
+        )
+    ]
+    question = "What is the maximum size of a package tarball that CRAN accepts?"
+    raw = "The maximum size of a package tarball is 100 bytes [1]."
+    assert not check_answer(question, raw, evidence).insufficient  # lexically "supported"
+    checked = check_answer(question, raw, evidence, key_window=5)
+    assert checked.insufficient and checked.reason == "key_unanchored"
+
+
+def test_number_next_to_the_asked_term_is_anchored() -> None:
+    evidence = [hit("A single quantum is 350 words, one figure, one table.", n=0)]
+    answer = check_answer(
+        "How many words make up a quantum?", "350 words [1].", evidence, key_window=5
+    )
+    assert not answer.insufficient and answer.citations[0].number == 1
