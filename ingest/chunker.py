@@ -44,7 +44,8 @@ def chunk_pages(
 ) -> list[Chunk]:
     """Chunk a document's pages (page i is ``pages[i - 1]``) into overlapping windows.
 
-    ``titles[i - 1]`` is page i's outline title path; a chunk takes its first page's.
+    ``titles[i - 1]`` is page i's outline title path (headings in force at its end); a chunk
+    carries the headings of every page it spans, outermost first, each once.
     """
     config = config or ChunkerConfig()
     words: list[str] = []
@@ -72,7 +73,17 @@ def chunk_pages(
                 text=" ".join(words[start:end]),
                 pages=tuple(sorted(set(word_pages[start:end]))),
                 source=source,
-                title_path=titles[word_pages[start] - 1] if titles else (),
+                title_path=_headings(titles, word_pages[start], word_pages[end - 1]),
             )
         )
     return chunks
+
+
+def _headings(titles: Sequence[tuple[str, ...]], first: int, last: int) -> tuple[str, ...]:
+    if not titles:
+        return ()
+    start = titles[first - 2] if first > 1 else ()  # in force where the chunk's first page opens
+    seen: dict[str, None] = {}
+    for path in (start, *titles[first - 1 : last]):
+        seen.update(dict.fromkeys(path))
+    return tuple(seen)

@@ -14,7 +14,7 @@ from ingest.layout import Block, body_text, running_lines, text_quality, title_p
 from ragline.errors import InvalidArgument
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-2"
+PARSER_VERSION = b"ragline-parser-3"
 """Part of a document's identity: a parser change re-ingests unchanged files once."""
 
 

@@ -69,7 +69,8 @@ def test_pdf_headers_footers_and_outline(tmp_path: Path, make_pdf: Callable[...,
     assert parsed.titles[2] == ("2 Spreadsheet-like data", "2.2 Fixed-width-format files")
     assert parsed.flagged == () and min(parsed.quality) == 1.0
     chunks = chunk_pages(parsed.doc_id, parsed.content_hash, parsed.pages, titles=parsed.titles)
-    assert chunks[0].title_path == ("2 Spreadsheet-like data",)
+    # one chunk spans all four pages, so it carries every heading it crosses
+    assert chunks[0].title_path == ("2 Spreadsheet-like data", "2.2 Fixed-width-format files")
 
 
 def test_pages_without_text_are_flagged(make_pdf: Callable[..., Path]) -> None:
