@@ -11,11 +11,10 @@ import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from credibility.filter import EvidenceFilter
 from generator.core import AnswerGenerator
-from ingest.batch import FileResult, IngestReport, expand_paths, ingest_one
+from ingest.batch import IngestReport, ingest_one, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from ragline.errors import InvalidArgument
@@ -138,12 +137,12 @@ class Gateway:
         """Ingest server-side paths and uploaded documents; a bad one is reported, not fatal."""
         if not paths and not documents:
             raise InvalidArgument.for_field("paths", "give at least one path or document")
-        files = expand_paths(paths)
-        report = IngestReport()
         started = time.perf_counter()
         async with self._ingest_lock:
-            for path in files:
-                report.results.append(await asyncio.to_thread(self._ingest_path, path))
+            # Server-side paths go through the batch job itself (size limit, duplicate ids).
+            report = await asyncio.to_thread(
+                run_batch, list(paths), self.store, self.chunker, self.pdf_limits, False
+            )
             for name, data in documents:
                 report.results.append(
                     await asyncio.to_thread(
@@ -152,15 +151,6 @@ class Gateway:
                 )
         report.seconds = time.perf_counter() - started
         return report
-
-    def _ingest_path(self, path: Path) -> FileResult:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            return FileResult(str(path), "", "failed", reason=str(exc))
-        result = ingest_one(data, path.name, self.store, self.chunker, self.pdf_limits)
-        result.source = str(path)
-        return result
 
     async def delete_document(self, doc_id: str) -> int:
         if not doc_id.strip():

@@ -16,6 +16,13 @@ from tests.conftest import MANUAL_PAGES
 pytestmark = pytest.mark.integration
 
 
+def indexed_store(index_dir: Path, encoder: SpladeEncoder, pdf: Path) -> IndexStore:
+    store = IndexStore(index_dir, encoder)
+    store.load()
+    run_batch([pdf], store, progress=False)
+    return store
+
+
 def test_ingest_is_idempotent_replaces_changed_and_deletes(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
@@ -53,9 +60,7 @@ async def test_snapshot_reloads_and_survives_a_crashed_write(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
     index_dir = tmp_path / "index"
-    store = IndexStore(index_dir, encoder)
-    store.load()
-    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], store, progress=False)
+    store = indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))
     question = "Which environment variable gives the location of the site configuration file?"
     before = await SparseRetriever(store).search(question, 3)
     # A writer that died mid-snapshot leaves only a temp folder behind.
@@ -74,9 +79,7 @@ def test_corrupt_or_mismatched_snapshot_is_refused(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
     index_dir = tmp_path / "index"
-    store = IndexStore(index_dir, encoder)
-    store.load()
-    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], store, progress=False)
+    indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))
 
     other = SpladeEncoder("some/other-splade")
     other._model = encoder.model  # same weights, different configured id
