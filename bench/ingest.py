@@ -42,7 +42,7 @@ def main() -> int:
         data = path.read_bytes()
         started = time.perf_counter()
         doc = read_pdf(data, path.name)
-        chunks = chunk_pages(doc.doc_id, doc.content_hash, doc.pages, titles=doc.titles)
+        chunks = chunk_pages(doc.doc_id, doc.content_hash, doc.pages, outline=doc.outline)
         seconds = time.perf_counter() - started
         rows.append(
             {

@@ -109,7 +109,7 @@ def ingest_one(
             return FileResult(name, doc_id, "unchanged")
         doc = read_pdf(data, name, limits)
         chunks = chunk_pages(
-            doc.doc_id, doc.content_hash, doc.pages, doc.source, chunker, doc.titles
+            doc.doc_id, doc.content_hash, doc.pages, doc.source, chunker, doc.outline
         )
         if not chunks:
             raise InvalidArgument.for_field("document", f"{name}: no text to index")

@@ -14,7 +14,7 @@ from ingest.layout import Block, body_text, running_lines, text_quality, title_p
 from ragline.errors import InvalidArgument
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-3"
+PARSER_VERSION = b"ragline-parser-4"
 """Part of a document's identity: a parser change re-ingests unchanged files once."""
 
 
@@ -42,7 +42,9 @@ class ParsedDocument:
     pages: tuple[str, ...]
     """Cleaned text per physical page; index i is page i + 1. Low-quality pages are empty."""
     titles: tuple[tuple[str, ...], ...] = ()
-    """Outline title path per page (empty tuples when the PDF has no outline)."""
+    """Outline title path per page, in force at its end (empty when the PDF has no outline)."""
+    outline: tuple[tuple[int, str, int], ...] = ()
+    """The PDF outline as ``(level, title, page)``; the chunker cuts sections with it."""
     quality: tuple[float, ...] = ()
     """Text quality per page, 0..1 (see ``ingest.layout.text_quality``)."""
     flagged: tuple[int, ...] = ()
@@ -100,6 +102,10 @@ def read_pdf(
             raise bad(f"{doc.page_count} pages is over the limit of {limits.max_pages}")
         try:
             pages, titles, quality = _extract(doc)
+            outline = tuple(
+                (int(level), str(title), int(page))
+                for level, title, page, *_ in doc.get_toc(simple=True)
+            )
         except Exception as exc:
             raise bad(f"corrupt PDF: text extraction failed ({exc})") from exc
     if not any(pages):
@@ -116,6 +122,7 @@ def read_pdf(
         content_hash=document_identity(data),
         pages=pages,
         titles=titles,
+        outline=outline,
         quality=quality,
         flagged=flagged,
     )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.chunker import ChunkerConfig, chunk_id_for, chunk_pages
+from ingest.chunker import ChunkerConfig, chunk_id_for, chunk_pages, split_sections
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +49,47 @@ def test_empty_document_gives_no_chunks() -> None:
 def test_config_rejects_overlap_not_smaller_than_target() -> None:
     with pytest.raises(ValueError):
         ChunkerConfig(target_words=50, overlap_words=50)
+
+
+def test_sections_cut_at_headings_found_in_the_text() -> None:
+    pages = [
+        "Intro words " + words(30, "i") + " 2.2 Fixed-width-format files " + words(30, "f"),
+        words(30, "g") + " 2.3 Data Interchange Format (DIF) " + words(30, "d"),
+    ]
+    outline = [
+        (1, "2 Spreadsheet-like data", 1),
+        (2, "Fixed-width-format files", 1),
+        (2, "Data Interchange Format (DIF)", 2),
+    ]
+    sections = split_sections(pages, outline)
+    assert [s.title_path for s in sections] == [
+        ("2 Spreadsheet-like data",),
+        ("2 Spreadsheet-like data", "Fixed-width-format files"),
+        ("2 Spreadsheet-like data", "Data Interchange Format (DIF)"),
+    ]
+    # the section number travels with its heading; pages follow the words
+    assert sections[1].words[:3] == ["2.2", "Fixed-width-format", "files"]
+    assert sections[1].pages[0] == 1 and sections[1].pages[-1] == 2
+    chunks = chunk_pages("d", "0" * 64, pages, outline=outline)
+    assert [c.title_path[-1] for c in chunks] == [
+        "2 Spreadsheet-like data",
+        "Fixed-width-format files",
+        "Data Interchange Format (DIF)",
+    ]
+    assert all("d0" not in c.text for c in chunks[:2])  # no chunk crosses a heading
+
+
+def test_short_section_is_carried_into_the_next() -> None:
+    pages = ["Chapter 3 Tools short intro. 3.1 Editors " + words(60, "e")]
+    outline = [(1, "Chapter 3 Tools", 1), (2, "Editors", 1)]
+    chunks = chunk_pages("d", "0" * 64, pages, outline=outline)
+    assert len(chunks) == 1
+    assert chunks[0].title_path == ("Chapter 3 Tools", "Editors")
+    assert chunks[0].text.startswith("Chapter 3 Tools short intro. 3.1 Editors")
+
+
+def test_unfound_heading_starts_where_the_previous_text_ended() -> None:
+    pages = [words(40, "a"), words(40, "b")]
+    chunks = chunk_pages("d", "0" * 64, pages, outline=[(1, "Nowhere in the text", 2)])
+    assert [c.title_path for c in chunks] == [(), ("Nowhere in the text",)]
+    assert chunks[1].text.split()[0] == "b0"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from ingest.chunker import chunk_pages
+from ingest.chunker import chunk_pages, split_sections
 from ingest.layout import Block, body_text, running_lines, text_quality, title_paths
 from ingest.pdf import read_pdf
 
@@ -68,9 +68,17 @@ def test_pdf_headers_footers_and_outline(tmp_path: Path, make_pdf: Callable[...,
     assert parsed.pages[2].strip() == "Section body 3 about spreadsheets and fixed-width files."
     assert parsed.titles[2] == ("2 Spreadsheet-like data", "2.2 Fixed-width-format files")
     assert parsed.flagged == () and min(parsed.quality) == 1.0
-    chunks = chunk_pages(parsed.doc_id, parsed.content_hash, parsed.pages, titles=parsed.titles)
-    # one chunk spans all four pages, so it carries every heading it crosses
-    assert chunks[0].title_path == ("2 Spreadsheet-like data", "2.2 Fixed-width-format files")
+    chunks = chunk_pages(parsed.doc_id, parsed.content_hash, parsed.pages, outline=parsed.outline)
+    # the text is cut where the headings are: pages 1-2 under chapter 2, pages 3-4 under 2.2
+    sections = split_sections(parsed.pages, parsed.outline)
+    assert [(s.title_path[-1], s.pages[0], s.pages[-1]) for s in sections] == [
+        ("2 Spreadsheet-like data", 1, 2),
+        ("2.2 Fixed-width-format files", 3, 4),
+    ]
+    # 18 words under the chapter heading are too few for a chunk: carried into 2.2's
+    assert [c.title_path for c in chunks] == [
+        ("2 Spreadsheet-like data", "2.2 Fixed-width-format files")
+    ]
 
 
 def test_pages_without_text_are_flagged(make_pdf: Callable[..., Path]) -> None:
