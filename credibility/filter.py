@@ -20,7 +20,8 @@ class EvidenceFilter(Protocol):
 
 
 class ScoreFloorFilter:
-    """Keeps hits whose retrieval score reaches a floor.
+    """Keeps hits whose SPLADE score reaches a floor (in every search mode the retriever
+    gives each hit its sparse score; a hit without one counts its ranking score).
 
     SPLADE dot products on the packaged model: an on-topic question over the R manuals scores
     ~14-30 on its best passage, off-topic ones ("capital of Mongolia", "bake bread") ~4-7.
@@ -36,4 +37,4 @@ class ScoreFloorFilter:
         return self._floor
 
     def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
-        return [h.score for h in hits]
+        return [h.stage_scores.get("sparse", h.score) for h in hits]

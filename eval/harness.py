@@ -30,7 +30,8 @@ class EvalOptions:
     questions: Path
     out: Path
     target: str | None = None
-    mode: str = "sparse"
+    mode: str = ""
+    """sparse, dense or hybrid; empty = the server's default."""
     graph: bool = True
     threshold: float = 0.0
     limit: int = 0
@@ -116,8 +117,6 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
 
 
 async def run_eval(options: EvalOptions) -> dict[str, Any]:
-    if options.mode != "sparse":
-        raise SystemExit(f"--mode {options.mode}: only 'sparse' retrieval exists so far")
     loaded, pdfs = load_any(options.questions, options.corpus_dir)
     for error in loaded.errors:
         print(f"skipped {error}", file=sys.stderr)
@@ -131,7 +130,13 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
         stats = await ragline_pb2_grpc.RaglineStub(channel).GetStats(
             ragline_pb2.GetStatsRequest(), timeout=30
         )
-        runner = Runner(channel, k=options.k, threshold=options.threshold, answers=options.answers)
+        runner = Runner(
+            channel,
+            k=options.k,
+            threshold=options.threshold,
+            answers=options.answers,
+            mode=options.mode,
+        )
         rows = await runner.run(questions, progress=options.progress)
     threshold = options.threshold or _applied_threshold(rows, config)
     config.update(

@@ -10,7 +10,7 @@ import grpc
 from tqdm import tqdm
 
 from eval.questions import Question, answer_matches, contains_answer
-from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 
 
 class Runner:
@@ -24,6 +24,7 @@ class Runner:
         threshold: float = 0.0,
         answers: bool = True,
         timeout_s: float = 300.0,
+        mode: str = "",
     ) -> None:
         self.public = ragline_pb2_grpc.RaglineStub(channel)
         self.credibility = stages_pb2_grpc.CredibilityServiceStub(channel)
@@ -32,6 +33,14 @@ class Runner:
         self.threshold = threshold
         self.answers = answers
         self.timeout_s = timeout_s
+        modes = {
+            "sparse": common_pb2.SEARCH_MODE_SPARSE,
+            "dense": common_pb2.SEARCH_MODE_DENSE,
+            "hybrid": common_pb2.SEARCH_MODE_HYBRID,
+        }
+        self.options = common_pb2.SearchOptions(
+            mode=modes.get(mode, common_pb2.SEARCH_MODE_UNSPECIFIED)
+        )
 
     async def run(self, questions: Sequence[Question], progress: bool = True) -> list[dict]:
         rows = []
@@ -46,17 +55,19 @@ class Runner:
         row = _base_row(question)
         started = time.perf_counter()
         miss = await self.public.Retrieve(
-            ragline_pb2.RetrieveRequest(query=question.question, k=self.k, bypass_cache=True),
+            ragline_pb2.RetrieveRequest(
+                query=question.question, k=self.k, bypass_cache=True, options=self.options
+            ),
             timeout=self.timeout_s,
         )
         row["latency_ms"]["retrieve"] = _ms(started)
         await self.public.Retrieve(  # populate the cache, then time a hit
-            ragline_pb2.RetrieveRequest(query=question.question, k=self.k),
+            ragline_pb2.RetrieveRequest(query=question.question, k=self.k, options=self.options),
             timeout=self.timeout_s,
         )
         started = time.perf_counter()
         hit = await self.public.Retrieve(
-            ragline_pb2.RetrieveRequest(query=question.question, k=self.k),
+            ragline_pb2.RetrieveRequest(query=question.question, k=self.k, options=self.options),
             timeout=self.timeout_s,
         )
         row["latency_ms"]["retrieve_cache_hit"] = _ms(started)
@@ -89,7 +100,9 @@ class Runner:
         if self.answers:
             started = time.perf_counter()
             reply = await self.public.Answer(
-                ragline_pb2.AnswerRequest(query=question.question, threshold=self.threshold),
+                ragline_pb2.AnswerRequest(
+                    query=question.question, threshold=self.threshold, options=self.options
+                ),
                 timeout=self.timeout_s,
             )
             row["latency_ms"]["answer"] = _ms(started)

@@ -10,25 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from generator.prompt import body_sentences
+from generator.text import TOKEN, content_tokens, stems
 from ragline.types import INSUFFICIENT_INFO, Answer, Citation, Hit
 
 _CITATION = re.compile(r"\[(\d{1,2})\]")
-_TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$:\-]*[A-Za-z0-9_]|[A-Za-z0-9]")
-_STOPWORD_TEXT = """
-a an the and or of to in on for with by from as at is are was were be been being it
-its this that these those you your we our they their he she his her which what who whom whose when
-where why how can could should would will shall may might must do does did done not no yes use used
-using uses also there here than then so such if else into onto about via per answer passage passages
-question function functions"""
-_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
-
-
-def content_tokens(text: str) -> set[str]:
-    """Lower-cased content words of a text (stopwords and 1-character tokens dropped)."""
-    tokens = {t.lower().strip(".:-") for t in _TOKEN.findall(text)}
-    return {t for t in tokens if len(t) > 1 and t not in _STOPWORDS}
-
-
 _LEAD_IN = re.compile(r"^\s*(the\s+)?answer(\s+is)?\s*:\s*", re.I)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\[])")
 
@@ -38,7 +24,7 @@ def clean_output(raw: str, max_sentences: int = 2) -> str:
     of a small model loops) or a trailing 'The answer is:'; at most ``max_sentences``."""
     text = _LEAD_IN.sub("", raw.strip()).strip()
     for paragraph in re.split(r"\n\s*\n", text):
-        if paragraph.strip():
+        if paragraph.strip() and not paragraph.strip().endswith(":"):  # skip "The answer is:"
             text = paragraph.strip()
             break
     lines = [re.sub(r"^\s*(\d+\.|[-*])\s+", "", line).strip() for line in text.splitlines()]
@@ -62,7 +48,7 @@ _KEY = re.compile(r"\d|_|\(|[A-Za-z]\.[A-Za-z]|[A-Z].*[A-Z]")
 def key_tokens(words: set[str], raw: str) -> set[str]:
     """The answer's load-bearing tokens: numbers, code identifiers (read.fwf, R_HOME, f(x)),
     acronyms. ``words`` are lower-cased content tokens; ``raw`` keeps the original case."""
-    cased = {t.strip(".:-") for t in _TOKEN.findall(raw)}
+    cased = {t.strip(".:-") for t in TOKEN.findall(raw)}
     keys = {t.lower() for t in cased if _KEY.search(t)}
     return {w for w in words if w in keys}
 
@@ -78,12 +64,46 @@ def anchored(key: str, passage_words: list[str], question_words: set[str], windo
     return False
 
 
+QUOTE_MIN_COVERAGE = 0.5
+"""Share of the question's words an evidence sentence must hold to be quoted."""
+
+
+def quote_for(question: str, keys: set[str], evidence: Sequence[Hit]) -> tuple[str, int] | None:
+    """The sentence of the best-ranked passage that best answers the question, as
+    ``(sentence, 1)``, or None when none holds at least half of the question's words.
+
+    Only the top passage is quoted from: it is the one the retrievers agree on, and a
+    sentence of a lower passage that shares the question's words is more often about a
+    neighbouring topic (read.epiinfo's "fixed-width text format" beside read.fwf's section).
+    A sentence scores its share of the question's (stemmed) words, plus a quarter for naming
+    something the question does not (an identifier or number: what a "which function" or
+    "how many" question asks for), plus a quarter for carrying one of the model's ``keys``.
+    """
+    asked = stems(question)
+    if len(asked) < 2:
+        return None
+    asked_raw = content_tokens(question)
+    best: tuple[float, str, int] | None = None
+    for n, hit in enumerate(evidence[:1], start=1):
+        for sentence in body_sentences(hit):
+            coverage = len(asked & stems(sentence)) / len(asked)
+            if coverage < QUOTE_MIN_COVERAGE:
+                continue
+            words = content_tokens(sentence)
+            names = key_tokens(words - asked_raw, sentence)
+            score = coverage + 0.25 * bool(names) + 0.25 * bool(keys & words)
+            if best is None or score > best[0]:
+                best = (score, sentence.strip(), n)
+    return None if best is None else (best[1], best[2])
+
+
 def check_answer(
     question: str,
     raw_output: str,
     evidence: Sequence[Hit],
     min_support: float = 0.6,
     key_window: int = 0,
+    quote: bool = False,
 ) -> Answer:
     """Parse citations and apply the support check.
 
@@ -116,14 +136,22 @@ def check_answer(
         best = max(c for c, _ in coverage)
         cited = [n for c, n in coverage if c == best and c > 0][:2]
     support_text = content_tokens(" ".join(evidence[n - 1].chunk.text for n in cited))
-    supported = len(new_words & support_text) / len(new_words)
-    if not cited or supported < min_support:
-        return Answer.insufficient_info("unsupported")
-    if key_window > 0:
+    supported = len(new_words & support_text) / len(new_words) if cited else 0.0
+    reason = ""
+    if supported < min_support:
+        reason = "unsupported"
+    elif key_window > 0:
         passage = " ".join(evidence[n - 1].chunk.text for n in cited).lower().split()
         asked = content_tokens(question)
         if not all(anchored(k, passage, asked, key_window) for k in key_tokens(new_words, body)):
-            return Answer.insufficient_info("key_unanchored")
+            reason = "key_unanchored"
+    if reason:
+        found = quote_for(question, key_tokens(new_words, body), evidence) if quote else None
+        if found is None:
+            return Answer.insufficient_info(reason)
+        text, number = found
+        cited = [number]
+        text = f"{text} [{number}]"
     citations = tuple(
         Citation(
             number=n,

@@ -30,12 +30,16 @@ class AnswerGenerator:
         max_evidence_chars: int = 3000,
         min_support: float = 0.9,
         key_window: int = 8,
+        focus_sentences: int = 3,
+        quote: bool = True,
     ) -> None:
         self.backend = backend
         self.max_new_tokens = max_new_tokens
         self.max_evidence_chars = max_evidence_chars
         self.min_support = min_support
         self.key_window = key_window
+        self.focus_sentences = focus_sentences
+        self.quote = quote
 
     def warm_up(self) -> None:
         self.backend.warm_up()
@@ -47,12 +51,14 @@ class AnswerGenerator:
         if not evidence:
             yield Answer.insufficient_info("no_evidence")
             return
-        messages = build_messages(question, evidence, self.max_evidence_chars)
+        messages = build_messages(question, evidence, self.max_evidence_chars, self.focus_sentences)
         parts: list[str] = []
         async for delta in self.backend.stream(messages, max_new_tokens or self.max_new_tokens):
             parts.append(delta)
             yield delta
-        yield check_answer(question, "".join(parts), evidence, self.min_support, self.key_window)
+        yield check_answer(
+            question, "".join(parts), evidence, self.min_support, self.key_window, self.quote
+        )
 
     async def answer(
         self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
+from generator.text import stems
 from ragline.types import INSUFFICIENT_INFO, Hit
 
 SYSTEM_PROMPT = (
@@ -15,7 +17,43 @@ SYSTEM_PROMPT = (
 )
 
 
-def render_passages(evidence: Sequence[Hit], max_chars: int) -> str:
+_SENTENCE = re.compile(r"(?<=[.!?;])\s+(?=[A-Z0-9(\"'‘“])")
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+
+
+def body_sentences(hit: Hit) -> list[str]:
+    """The chunk's sentences without its leading section heading ("2.2 Fixed-width-format
+    files Sometimes ..." → "Sometimes ..."): the heading is metadata, already in the title
+    path, and glued to the first sentence it would match every question about the section."""
+    text = hit.chunk.text
+    if hit.chunk.title_path:
+        words = hit.chunk.title_path[-1].split()
+        pattern = r"\s*(?:(?:[A-Z]|\d+)(?:\.\d+)*\.?\s+)?" + r"\s+".join(map(re.escape, words))
+        match = re.match(pattern, text)
+        if match:
+            text = text[match.end() :].lstrip()
+    return sentences(text)
+
+
+def focus(question: str, text: str, max_sentences: int) -> str:
+    """The ``max_sentences`` sentences of ``text`` that share the most words with the
+    question, in their original order (0 = the whole text). A small model answers from three
+    on-topic sentences far better than from a 180-word window, and reads them ~4x faster."""
+    parts = sentences(text)
+    if max_sentences <= 0 or len(parts) <= max_sentences:
+        return text
+    asked = stems(question)
+    overlap = [len(asked & stems(s)) for s in parts]
+    best = sorted(range(len(parts)), key=lambda i: (-overlap[i], i))[:max_sentences]
+    return " ".join(parts[i] for i in sorted(best))
+
+
+def render_passages(
+    evidence: Sequence[Hit], max_chars: int, question: str = "", focus_sentences: int = 0
+) -> str:
     """Number the passages [1]..[n], truncated to a character budget (best first).
 
     Sources and pages stay out of the prompt: small models copy such headers instead of
@@ -25,15 +63,17 @@ def render_passages(evidence: Sequence[Hit], max_chars: int) -> str:
     budget = max_chars
     for number, hit in enumerate(evidence, start=1):
         chunk = hit.chunk
-        text = chunk.text[: max(budget, 0)]
+        text = focus(question, chunk.text, focus_sentences) if question else chunk.text
+        text = text[: max(budget, 0)]
         budget -= len(text)
         parts.append(f"[{number}] {text}")
     return "\n\n".join(parts)
 
 
 def build_messages(
-    question: str, evidence: Sequence[Hit], max_evidence_chars: int = 3000
+    question: str, evidence: Sequence[Hit], max_evidence_chars: int = 3000, focus_sentences: int = 0
 ) -> list[dict[str, str]]:
     """Chat messages for an instruct model's chat template."""
-    user = f"Passages:\n{render_passages(evidence, max_evidence_chars)}\n\nQuestion: {question}"
+    passages = render_passages(evidence, max_evidence_chars, question, focus_sentences)
+    user = f"Passages:\n{passages}\n\nQuestion: {question}"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]

@@ -70,6 +70,8 @@ class Hit:
     chunk: Chunk
     score: float
     stage_scores: dict[str, float] = field(default_factory=dict)
+    terms: tuple[tuple[str, float], ...] = ()
+    """When explained: the query terms that matched and their score contributions."""
 
 
 @dataclass(frozen=True, slots=True)

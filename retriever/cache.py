@@ -50,14 +50,26 @@ class QueryCache:
     _client: Any = None
     _down_until: float = 0.0
 
-    def key(self, query: str, *, k: int, generation: int, model_id: str, casefold: bool) -> str:
+    def key(
+        self,
+        query: str,
+        *,
+        k: int,
+        generation: int,
+        model_id: str,
+        casefold: bool,
+        options: dict[str, Any] | None = None,
+    ) -> str:
+        """The hash of everything that decides the ranking: normalised query, k, the search
+        options (mode, fusion, weights, filters), the model ids and the index generation."""
         payload = json.dumps(
             {
                 "q": normalize_query(query, casefold),
                 "k": k,
                 "gen": generation,
                 "model": model_id,
-                "v": 1,
+                "opt": options or {},
+                "v": 2,
             },
             sort_keys=True,
         )
@@ -89,7 +101,8 @@ class QueryCache:
         self._down_until = time.monotonic() + self.cooldown_s
         logger.warning("query cache %s failed, serving uncached: %s", op, exc)
 
-    async def get(self, key: str) -> list[tuple[str, float]] | None:
+    async def get(self, key: str) -> list[tuple[str, float, dict[str, float]]] | None:
+        """Ranked ``(chunk_id, score, stage_scores)``, or None on a miss or a Redis problem."""
         if not self._available():
             return None
         try:
@@ -101,9 +114,9 @@ class QueryCache:
             self.stats.misses += 1
             return None
         self.stats.hits += 1
-        return [(str(cid), float(score)) for cid, score in json.loads(raw)]
+        return [(str(cid), float(score), dict(stages)) for cid, score, stages in json.loads(raw)]
 
-    async def put(self, key: str, ranked: list[tuple[str, float]]) -> None:
+    async def put(self, key: str, ranked: list[tuple[str, float, dict[str, float]]]) -> None:
         if not self._available():
             return
         try:

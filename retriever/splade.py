@@ -23,12 +23,19 @@ class SpladeEncoder:
     """
 
     def __init__(
-        self, model: str, max_seq_length: int = 512, batch_size: int = 32, threads: int = 0
+        self,
+        model: str,
+        max_seq_length: int = 512,
+        batch_size: int = 32,
+        threads: int = 0,
+        top_terms: int = 0,
     ) -> None:
         self.model_id = model
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self.threads = threads
+        self.top_terms = top_terms
+        """Keep only this many strongest terms per passage (0 = all): a smaller index."""
         self._model: Any = None
         self._lock = threading.Lock()
 
@@ -69,7 +76,8 @@ class SpladeEncoder:
         tensor = self.model.encode_document(
             list(texts), batch_size=self.batch_size, convert_to_sparse_tensor=True
         )
-        return _to_csr(tensor, len(texts), self.vocab_size)
+        matrix = _to_csr(tensor, len(texts), self.vocab_size)
+        return prune_rows(matrix, self.top_terms) if self.top_terms > 0 else matrix
 
     def encode_query(self, text: str) -> SparseVector:
         tensor = self.model.encode_query([text], convert_to_sparse_tensor=True)
@@ -79,11 +87,44 @@ class SpladeEncoder:
             values=tuple(float(v) for v in row.data),
         )
 
+    def encode_query_idf(self, text: str, doc_freq: np.ndarray, n_docs: int) -> SparseVector:
+        """Inference-free query encoding (as OpenSearch's doc-only sparse models): the query's
+        word pieces weighted by their IDF in the index; no model forward pass."""
+        tokenizer = self.model.tokenizer
+        ids = set(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids -= set(tokenizer.all_special_ids)
+        terms = sorted(i for i in ids if i < doc_freq.size and doc_freq[i] > 0)
+        weights = [float(np.log((n_docs + 1) / (doc_freq[t] + 0.5))) for t in terms]
+        kept = [(t, w) for t, w in zip(terms, weights, strict=True) if w > 0]
+        return SparseVector(tuple(t for t, _ in kept), tuple(w for _, w in kept))
+
+    def tokens(self, term_ids: Sequence[int]) -> list[str]:
+        """The vocabulary entries of term ids (for explanations)."""
+        return list(self.model.tokenizer.convert_ids_to_tokens([int(t) for t in term_ids]))
+
     def decode(self, vector: SparseVector, top_k: int = 10) -> list[tuple[str, float]]:
         """The strongest terms of a vector, for explanations and debugging."""
         order = np.argsort(vector.values)[::-1][:top_k]
         tokens = self.model.tokenizer.convert_ids_to_tokens([vector.indices[i] for i in order])
         return [(t, vector.values[i]) for t, i in zip(tokens, order, strict=True)]
+
+
+def prune_rows(matrix: sp.csr_matrix, top_terms: int) -> sp.csr_matrix:
+    """Keep each row's ``top_terms`` largest weights (SPLADE passages carry ~100-300 terms;
+    the tail adds little to any dot product)."""
+    matrix = matrix.tocsr()
+    keep = np.zeros(matrix.nnz, dtype=bool)
+    for row in range(matrix.shape[0]):
+        start, end = matrix.indptr[row], matrix.indptr[row + 1]
+        if end - start <= top_terms:
+            keep[start:end] = True
+        else:
+            top = np.argpartition(-matrix.data[start:end], top_terms - 1)[:top_terms]
+            keep[start + top] = True
+    pruned = matrix.copy()
+    pruned.data = np.where(keep, pruned.data, 0).astype(np.float32)
+    pruned.eliminate_zeros()
+    return pruned
 
 
 def _to_csr(tensor: Any, rows: int, cols: int) -> sp.csr_matrix:

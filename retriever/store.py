@@ -3,12 +3,18 @@
 Layout of ``index_dir``::
 
     CURRENT                  name of the live snapshot (replaced atomically)
-    snapshots/g000012/       manifest.json, chunks.jsonl, matrix.npz
+    snapshots/g000012/       manifest.json, chunks.jsonl, matrix.npz (SPLADE rows), and with
+                             dense retrieval on: slots.npy (HNSW id per row), hnsw.faiss
     .lock                    held by a writer (flock), so two ingest jobs never interleave
 
 A snapshot is written to a temporary folder, fsynced, renamed into place, and only then does
 ``CURRENT`` switch to it, so a crash at any point leaves the previous snapshot loadable. Loading
-verifies every file's sha256 against the manifest and the model id against the configured one.
+verifies every file's sha256 against the manifest and the model ids against the configured ones.
+
+Dense vectors live in one HNSW graph that outlives views: a new document's vectors are added
+under fresh *slots* (HNSW ids), a replaced or deleted document's slots become tombstones that
+searches skip inside the graph walk, and the graph is compacted (rebuilt from live vectors)
+when tombstones pass a share of it, or on demand.
 """
 
 from __future__ import annotations
@@ -25,19 +31,68 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 
 from ragline.errors import DataLoss, FailedPrecondition, NotFound
-from ragline.types import Chunk
-from retriever.sparse_index import ExactSparseIndex
+from ragline.types import Chunk, SparseVector
+from retriever.dense import DenseEncoder, HnswIndex
+from retriever.seismic_index import SeismicParams, SeismicSparseIndex
+from retriever.sparse_index import ExactSparseIndex, SparseIndex
 from retriever.splade import SpladeEncoder
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 KEEP_SNAPSHOTS = 2
+SparseBackend = Literal["exact", "seismic"]
+
+
+@dataclass(frozen=True, slots=True)
+class DenseConfig:
+    """HNSW parameters (see retriever/dense.py)."""
+
+    m: int = 32
+    ef_construction: int = 200
+    ef_search: int = 64
+    device: Literal["cpu", "cuda"] = "cpu"
+    compact_at: float = 0.3
+    """Compact the graph when this share of its entries are tombstones."""
+
+
+class DenseView:
+    """The rows of one view over the shared HNSW graph: slot ↔ row maps.
+
+    The graph outlives views (the writer adds and tombstones in place, under the index's own
+    read-write lock), so a search masks it down to this view's slots, inside the graph walk.
+    """
+
+    def __init__(self, hnsw: HnswIndex, slots: np.ndarray) -> None:
+        self.hnsw = hnsw
+        self.slots = slots  # slots[row] = HNSW id of that row
+        size = int(slots.max()) + 1 if slots.size else 0
+        self.row_of_slot = np.full(size, -1, dtype=np.int64)
+        self.row_of_slot[slots] = np.arange(slots.size)
+
+    def search(
+        self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
+    ) -> list[tuple[int, float]]:
+        """Top-k ``(row, cosine)``; ``allowed`` (a mask over rows) filters inside the walk."""
+        if self.slots.size == 0 or k <= 0:
+            return []
+        mask: np.ndarray | None = None
+        if allowed is not None or self.hnsw.size != self.slots.size:
+            # filtered, or the writer has moved the graph on since this view was taken
+            mask = np.zeros(self.row_of_slot.size, dtype=bool)
+            mask[self.slots if allowed is None else self.slots[allowed]] = True
+        found = self.hnsw.search(query, k, allowed=mask)
+        return [
+            (int(self.row_of_slot[slot]), score)
+            for slot, score in found
+            if slot < self.row_of_slot.size and self.row_of_slot[slot] >= 0
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +102,28 @@ class IndexView:
     generation: int
     chunks: tuple[Chunk, ...]
     sparse: ExactSparseIndex
+    """Exact scoring: explanations, filtered search, and the search itself by default."""
+    approx: SparseIndex | None
+    """The approximate sparse backend (Seismic) when configured."""
+    dense: DenseView | None
     doc_hashes: dict[str, str]
     rows_by_id: dict[str, int]
     """chunk_id → row, to resolve cached results."""
+    doc_code: dict[str, int]
+    doc_codes: np.ndarray
+    """doc_codes[row] = doc_code[doc id of that row]: filters become one vectorised mask."""
+    kinds: np.ndarray
+
+    @property
+    def doc_freq(self) -> np.ndarray:
+        """Passages per vocabulary term (for inference-free IDF query weights)."""
+        return np.diff(self.sparse.matrix.indptr)
+
+    def sparse_search(
+        self, query: SparseVector, k: int, allowed: np.ndarray | None = None
+    ) -> list[tuple[int, float]]:
+        index: SparseIndex = self.approx if self.approx is not None else self.sparse
+        return index.search(query, k, allowed)
 
     def doc_chunk_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -63,18 +137,35 @@ class _Doc:
     content_hash: str
     chunks: list[Chunk]
     rows: sp.csr_matrix
+    slots: np.ndarray | None = None
+    """HNSW ids of the chunks (the graph holds their vectors)."""
 
 
 class IndexStore:
     """Documents → chunks → sparse rows, persisted as atomic snapshots. Implements
     ``ingest.DocumentSink``. Thread-safe: one writer at a time, readers use :attr:`view`."""
 
-    def __init__(self, index_dir: str | Path, encoder: SpladeEncoder) -> None:
+    def __init__(
+        self,
+        index_dir: str | Path,
+        encoder: SpladeEncoder,
+        dense_encoder: DenseEncoder | None = None,
+        dense: DenseConfig | None = None,
+        sparse_backend: SparseBackend = "exact",
+        seismic: SeismicParams | None = None,
+    ) -> None:
         self.index_dir = Path(index_dir)
         self.encoder = encoder
+        self.dense_encoder = dense_encoder
+        self.dense_config = dense or DenseConfig()
+        self.sparse_backend = sparse_backend
+        self.seismic = seismic
         self._docs: dict[str, _Doc] = {}
         self._write_lock = threading.Lock()
+        self._writing = False
         self._view: IndexView | None = None
+        self._hnsw: HnswIndex | None = None
+        self._next_slot = 0
 
     # -- reading -----------------------------------------------------------------------------
     @property
@@ -91,6 +182,7 @@ class IndexStore:
             FailedPrecondition: the snapshot was built with another SPLADE model.
         """
         current = self.index_dir / "CURRENT"
+        self._hnsw, self._next_slot = None, 0
         if not current.exists():
             self._docs = {}
             self._publish(generation=0)
@@ -107,6 +199,7 @@ class IndexStore:
         matrix = sp.load_npz(snap / "matrix.npz").tocsr()
         if matrix.shape[0] != len(chunks):
             raise DataLoss(f"snapshot {snap}: {matrix.shape[0]} rows for {len(chunks)} chunks")
+        slots = self._load_dense(snap, manifest, len(chunks))
         docs: dict[str, _Doc] = {}
         for chunk in chunks:
             doc = docs.get(chunk.doc_id)
@@ -115,12 +208,56 @@ class IndexStore:
             doc.chunks.append(chunk)
         start = 0
         for doc in docs.values():  # chunks.jsonl is grouped by document, in row order
-            doc.rows = matrix[start : start + len(doc.chunks)]
-            start += len(doc.chunks)
+            end = start + len(doc.chunks)
+            doc.rows = matrix[start:end]
+            if slots is not None:
+                doc.slots = slots[start:end]
+            start = end
         self._docs = docs
+        backfill = self.dense_encoder is not None and slots is None and bool(docs)
+        if backfill:
+            self._backfill_dense()
         self._publish(generation=int(manifest["generation"]))
+        if backfill:  # persist the vectors, so the next start does not embed again
+            if self._writing:
+                self._commit()
+            else:
+                with self._writer():
+                    self._commit()
         logger.info("loaded index generation %d: %d chunks", self.view.generation, len(chunks))
         return self.view
+
+    def _load_dense(self, snap: Path, manifest: dict, n_chunks: int) -> np.ndarray | None:
+        """The snapshot's slots, loading its HNSW graph, when dense retrieval is on and the
+        snapshot was embedded with the configured model; else None."""
+        dense_id = manifest.get("dense_model_id")
+        if self.dense_encoder is None or dense_id is None:
+            return None
+        if dense_id != self.dense_encoder.model_id:
+            logger.warning(
+                "index was embedded with %s, %s is configured: re-embedding every chunk",
+                dense_id,
+                self.dense_encoder.model_id,
+            )
+            return None
+        slots = np.load(snap / "slots.npy")
+        if slots.shape[0] != n_chunks:
+            raise DataLoss(f"snapshot {snap}: {slots.shape[0]} dense rows for {n_chunks} chunks")
+        data = (snap / "hnsw.faiss").read_bytes()
+        self._hnsw = HnswIndex.from_bytes(data, device=self.dense_config.device)
+        self._hnsw.set_ef_search(self.dense_config.ef_search)
+        self._next_slot = int(manifest.get("next_slot", int(slots.max(initial=-1)) + 1))
+        return slots
+
+    def _backfill_dense(self) -> None:
+        """Embed every chunk of an index that has no (or other) dense vectors."""
+        assert self.dense_encoder is not None
+        logger.info("embedding %d documents for dense retrieval", len(self._docs))
+        self._hnsw, self._next_slot = None, 0
+        for doc in self._docs.values():
+            self._add_dense(
+                doc, self.dense_encoder.encode_documents([encoding_text(c) for c in doc.chunks])
+            )
 
     def _disk_generation(self) -> int:
         current = self.index_dir / "CURRENT"
@@ -135,9 +272,16 @@ class IndexStore:
     # -- writing -----------------------------------------------------------------------------
     def put(self, doc_id: str, content_hash: str, chunks: Sequence[Chunk]) -> None:
         """Add or replace a document's chunks and commit a new snapshot."""
-        rows = self.encoder.encode_documents([encoding_text(c) for c in chunks])
+        texts = [encoding_text(c) for c in chunks]
+        rows = self.encoder.encode_documents(texts)
+        vectors = self.dense_encoder.encode_documents(texts) if self.dense_encoder else None
         with self._writer():
-            self._docs[doc_id] = _Doc(content_hash, list(chunks), rows)
+            old = self._docs.get(doc_id)
+            doc = _Doc(content_hash, list(chunks), rows)
+            self._add_dense(doc, vectors)
+            if old is not None:
+                self._remove_dense(old)
+            self._docs[doc_id] = doc
             self._commit()
 
     def delete(self, doc_id: str) -> int:
@@ -146,14 +290,51 @@ class IndexStore:
             doc = self._docs.pop(doc_id, None)
             if doc is None:
                 raise NotFound(f"no document with id {doc_id!r}")
+            self._remove_dense(doc)
             self._commit()
             return len(doc.chunks)
+
+    def compact(self) -> int:
+        """Rebuild the HNSW graph from the live vectors, dropping tombstones; commits a new
+        generation. Returns how many tombstones went."""
+        with self._writer():
+            if self._hnsw is None:
+                return 0
+            dropped = self._hnsw.compact()
+            self._commit()
+            return int(dropped)
+
+    # -- dense bookkeeping (callers hold the writer lock) -----------------------------------
+    def _add_dense(self, doc: _Doc, vectors: np.ndarray | None) -> None:
+        if vectors is None or self.dense_encoder is None:
+            return
+        n = len(doc.chunks)
+        doc.slots = np.arange(self._next_slot, self._next_slot + n, dtype=np.int64)
+        self._next_slot += n
+        if self._hnsw is None:
+            c = self.dense_config
+            self._hnsw = HnswIndex(
+                dim=self.dense_encoder.dim,
+                m=c.m,
+                ef_construction=c.ef_construction,
+                ef_search=c.ef_search,
+                device=c.device,
+            )
+        self._hnsw.add(doc.slots, vectors)
+
+    def _remove_dense(self, doc: _Doc) -> None:
+        if doc.slots is None or self._hnsw is None:
+            return
+        self._hnsw.remove(doc.slots)
+        if self._hnsw.tombstone_ratio > self.dense_config.compact_at:
+            self._hnsw.compact()
 
     @contextmanager
     def _writer(self) -> Iterator[None]:
         self.index_dir.mkdir(parents=True, exist_ok=True)
         with self._write_lock, (self.index_dir / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            self._writing = True
             try:
                 # Another process (say `ragline ingest` beside a running server) may have
                 # committed since we loaded: start from its snapshot, never overwrite it.
@@ -161,6 +342,7 @@ class IndexStore:
                     self.load()
                 yield
             finally:
+                self._writing = False
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _commit(self) -> None:
@@ -181,13 +363,41 @@ class IndexStore:
             if blocks
             else sp.csr_matrix((0, vocab), dtype=np.float32)
         )
+        exact = ExactSparseIndex.build(matrix, vocab)
+        approx: SparseIndex | None = None
+        if self.sparse_backend == "seismic":
+            approx = SeismicSparseIndex.build(matrix, vocab, params=self.seismic, exact=exact)
+        dense: DenseView | None = None
+        if self._hnsw is not None:
+            slot_blocks = [d.slots for d in self._docs.values() if d.slots is not None]
+            slots = np.concatenate(slot_blocks) if slot_blocks else np.zeros(0, dtype=np.int64)
+            if slots.size != len(chunks):
+                raise FailedPrecondition("some documents have no dense vectors")
+            dense = DenseView(self._hnsw, slots)
+        doc_code = {d: i for i, d in enumerate(self._docs)}
         return IndexView(
             generation=generation,
             chunks=chunks,
-            sparse=ExactSparseIndex.build(matrix, vocab),
+            sparse=exact,
+            approx=approx,
+            dense=dense,
             doc_hashes={d: doc.content_hash for d, doc in self._docs.items()},
             rows_by_id={c.chunk_id: row for row, c in enumerate(chunks)},
+            doc_code=doc_code,
+            doc_codes=np.array([doc_code[c.doc_id] for c in chunks], dtype=np.int32),
+            kinds=np.array([c.kind for c in chunks], dtype=object),
         )
+
+    def memory(self) -> dict[str, float]:
+        """Bytes per chunk of each index structure (sparse postings, vectors + HNSW graph)."""
+        view = self.view
+        n = max(len(view.chunks), 1)
+        out = {"sparse_bytes_per_chunk": view.sparse.nbytes / n}
+        if isinstance(view.approx, SeismicSparseIndex):  # its own structures, not the shared CSC
+            out["seismic_bytes_per_chunk"] = view.approx.seismic_nbytes / n
+        if self._hnsw is not None:
+            out["hnsw_bytes_per_chunk"] = self._hnsw.nbytes / n
+        return out
 
     def _write_snapshot(self, view: IndexView) -> None:
         snapshots = self.index_dir / "snapshots"
@@ -200,10 +410,17 @@ class IndexStore:
             for chunk in view.chunks:
                 fh.write(json.dumps(asdict(chunk), ensure_ascii=False) + "\n")
         sp.save_npz(tmp / "matrix.npz", view.sparse.matrix.tocsr(), compressed=False)
+        dense_id = None
+        if view.dense is not None and self._hnsw is not None and self.dense_encoder is not None:
+            dense_id = self.dense_encoder.model_id
+            np.save(tmp / "slots.npy", view.dense.slots)
+            (tmp / "hnsw.faiss").write_bytes(self._hnsw.to_bytes())
         manifest = {
             "format": FORMAT_VERSION,
             "generation": view.generation,
             "model_id": self.encoder.model_id,
+            "dense_model_id": dense_id,
+            "next_slot": self._next_slot,
             "created_unix": time.time(),
             "chunks": len(view.chunks),
             "documents": view.doc_hashes,

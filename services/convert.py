@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ingest.batch import FileResult, IngestReport
+from ragline.errors import InvalidArgument
 from ragline.types import Answer, Chunk, Citation, Hit
 from ragline.v1 import common_pb2, ragline_pb2
 from retriever.search import RetrievalResult
@@ -47,7 +49,11 @@ def chunk_from_pb(pb: common_pb2.Chunk) -> Chunk:
 def hits_to_pb(hits: Sequence[Hit]) -> list[common_pb2.Hit]:
     return [
         common_pb2.Hit(
-            chunk=chunk_to_pb(h.chunk), score=h.score, stage_scores=h.stage_scores, rank=rank
+            chunk=chunk_to_pb(h.chunk),
+            score=h.score,
+            stage_scores=h.stage_scores,
+            rank=rank,
+            terms=[common_pb2.TermWeight(term=t, weight=w) for t, w in h.terms],
         )
         for rank, h in enumerate(hits, start=1)
     ]
@@ -55,9 +61,47 @@ def hits_to_pb(hits: Sequence[Hit]) -> list[common_pb2.Hit]:
 
 def hits_from_pb(hits: Sequence[common_pb2.Hit]) -> list[Hit]:
     return [
-        Hit(chunk=chunk_from_pb(h.chunk), score=h.score, stage_scores=dict(h.stage_scores))
+        Hit(
+            chunk=chunk_from_pb(h.chunk),
+            score=h.score,
+            stage_scores=dict(h.stage_scores),
+            terms=tuple((t.term, t.weight) for t in h.terms),
+        )
         for h in hits
     ]
+
+
+_MODES = {
+    common_pb2.SEARCH_MODE_SPARSE: "sparse",
+    common_pb2.SEARCH_MODE_DENSE: "dense",
+    common_pb2.SEARCH_MODE_HYBRID: "hybrid",
+}
+_FUSIONS = {common_pb2.FUSION_RRF: "rrf", common_pb2.FUSION_WEIGHTED: "weighted"}
+MODE_TO_PB = {name: value for value, name in _MODES.items()}
+FUSION_TO_PB = {name: value for value, name in _FUSIONS.items()}
+
+
+def options_from_pb(pb: common_pb2.SearchOptions) -> dict[str, Any]:
+    """Only the fields a request set: the rest stay the server's defaults."""
+    out: dict[str, Any] = {}
+    if pb.mode:
+        if pb.mode not in _MODES:
+            raise InvalidArgument.for_field("options.mode", f"unknown mode {pb.mode}")
+        out["mode"] = _MODES[pb.mode]
+    if pb.fusion:
+        if pb.fusion not in _FUSIONS:
+            raise InvalidArgument.for_field("options.fusion", f"unknown fusion {pb.fusion}")
+        out["fusion"] = _FUSIONS[pb.fusion]
+    if pb.sparse_weight or pb.dense_weight:
+        out["sparse_weight"] = pb.sparse_weight
+        out["dense_weight"] = pb.dense_weight
+    if pb.filter.doc_ids:
+        out["doc_ids"] = tuple(pb.filter.doc_ids)
+    if pb.filter.kinds:
+        out["kinds"] = tuple(pb.filter.kinds)
+    if pb.explain:
+        out["explain"] = True
+    return out
 
 
 def citations_to_pb(citations: Sequence[Citation]) -> list[common_pb2.Citation]:

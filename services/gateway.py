@@ -10,7 +10,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from credibility.filter import EvidenceFilter
 from generator.core import AnswerGenerator
@@ -19,7 +19,7 @@ from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from ragline.errors import InvalidArgument
 from ragline.types import Answer, Hit
-from retriever.search import RetrievalResult, SparseRetriever
+from retriever.search import RetrievalResult, Retriever, SearchOptions
 from retriever.store import IndexStore
 
 
@@ -43,13 +43,14 @@ class Gateway:
     def __init__(
         self,
         store: IndexStore,
-        retriever: SparseRetriever,
+        retriever: Retriever,
         evidence_filter: EvidenceFilter,
         generator: AnswerGenerator,
         limits: Limits,
         evidence_k: int,
         chunker: ChunkerConfig | None = None,
         pdf_limits: PdfLimits | None = None,
+        default_options: SearchOptions | None = None,
     ) -> None:
         self.store = store
         self.retriever = retriever
@@ -59,6 +60,7 @@ class Gateway:
         self.evidence_k = evidence_k
         self.chunker = chunker
         self.pdf_limits = pdf_limits
+        self.default_options = default_options or SearchOptions()
         self._ingest_lock = asyncio.Lock()
 
     # -- validation ------------------------------------------------------------------------
@@ -79,9 +81,21 @@ class Gateway:
         return text, k
 
     # -- retrieval -------------------------------------------------------------------------
-    async def retrieve(self, query: str, k: int = 0, bypass_cache: bool = False) -> RetrievalResult:
+    def options(self, overrides: dict | None = None) -> SearchOptions:
+        """The server's default search options with a request's choices laid over them."""
+        if not overrides:
+            return self.default_options
+        return replace(self.default_options, **overrides).validate()
+
+    async def retrieve(
+        self,
+        query: str,
+        k: int = 0,
+        bypass_cache: bool = False,
+        options: dict | None = None,
+    ) -> RetrievalResult:
         text, k = self.validate_query(query, k)
-        return await self.retriever.search(text, k, bypass_cache)
+        return await self.retriever.search(text, k, self.options(options), bypass_cache)
 
     def select_evidence(self, query: str, hits: Sequence[Hit], threshold: float = 0.0) -> list[Hit]:
         """Hits whose filter score reaches ``threshold`` (0 = the filter's own)."""
@@ -98,14 +112,20 @@ class Gateway:
 
     # -- answers ---------------------------------------------------------------------------
     async def answer_stream(
-        self, query: str, k: int = 0, max_new_tokens: int = 0, threshold: float = 0.0
+        self,
+        query: str,
+        k: int = 0,
+        max_new_tokens: int = 0,
+        threshold: float = 0.0,
+        options: dict | None = None,
     ) -> AsyncIterator[str | AnswerResult]:
         """Yield text deltas, then the :class:`AnswerResult` last."""
         text, k = self.validate_query(query, k, default_k=self.evidence_k)
         if max_new_tokens < 0:
             raise InvalidArgument.for_field("max_new_tokens", "must be >= 0")
+        search_options = replace(self.options(options), explain=False)
         started = time.perf_counter()
-        retrieved = await self.retriever.search(text, k)
+        retrieved = await self.retriever.search(text, k, search_options)
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         evidence = self.select_evidence(text, retrieved.hits, threshold)
@@ -121,10 +141,15 @@ class Gateway:
         yield AnswerResult(answer, evidence, timings)
 
     async def answer(
-        self, query: str, k: int = 0, max_new_tokens: int = 0, threshold: float = 0.0
+        self,
+        query: str,
+        k: int = 0,
+        max_new_tokens: int = 0,
+        threshold: float = 0.0,
+        options: dict | None = None,
     ) -> AnswerResult:
         result: AnswerResult | None = None
-        async for item in self.answer_stream(query, k, max_new_tokens, threshold):
+        async for item in self.answer_stream(query, k, max_new_tokens, threshold, options):
             if isinstance(item, AnswerResult):
                 result = item
         assert result is not None

@@ -24,9 +24,10 @@ from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.cache import QueryCache
-from retriever.search import SparseRetriever
+from retriever.dense import DenseEncoder
+from retriever.search import Retriever, SearchOptions
 from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
+from retriever.store import DenseConfig, IndexStore
 from services.gateway import Gateway, Limits
 from services.interceptors import ServerInterceptor
 from services.metrics import Metrics
@@ -50,10 +51,36 @@ SERVICE_NAMES = (
 
 def build_store(settings: Settings) -> IndexStore:
     r = settings.retriever
+    threads = settings.server.threads
     encoder = SpladeEncoder(
-        r.splade_model, r.max_seq_length, r.batch_size, threads=settings.server.threads
+        r.splade_model, r.max_seq_length, r.batch_size, threads=threads, top_terms=r.doc_top_terms
     )
-    return IndexStore(r.index_dir, encoder)
+    dense_encoder = (
+        DenseEncoder(r.dense_model, threads=threads, device=r.dense_device)
+        if r.dense_model
+        else None
+    )
+    return IndexStore(
+        r.index_dir,
+        encoder,
+        dense_encoder=dense_encoder,
+        dense=DenseConfig(
+            m=r.hnsw_m,
+            ef_construction=r.hnsw_ef_construction,
+            ef_search=r.hnsw_ef_search,
+            device=r.dense_device,
+        ),
+        sparse_backend=r.sparse_backend,
+    )
+
+
+def default_options(settings: Settings, store: IndexStore) -> SearchOptions:
+    """The retriever settings' defaults; sparse when the store has no dense side."""
+    r = settings.retriever
+    mode = r.mode if store.dense_encoder is not None else "sparse"
+    return SearchOptions(
+        mode=mode, fusion=r.fusion, sparse_weight=r.sparse_weight, dense_weight=r.dense_weight
+    )
 
 
 def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gateway:
@@ -78,12 +105,15 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
         max_evidence_chars=g.max_evidence_chars,
         min_support=g.min_support,
         key_window=g.key_window,
+        focus_sentences=g.focus_sentences,
+        quote=g.quote,
     )
     r = settings.retriever
     i = settings.ingest
     return Gateway(
         store=store,
-        retriever=SparseRetriever(store, cache),
+        retriever=Retriever(store, cache, settings.retriever.query_encoder),
+        default_options=default_options(settings, store),
         evidence_filter=ScoreFloorFilter(settings.credibility.score_floor),
         generator=generator,
         limits=Limits(default_k=r.default_k, max_k=r.max_k, max_query_chars=r.max_query_chars),
@@ -95,6 +125,8 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
 
 def warm_up(gateway: Gateway) -> None:
     gateway.store.encoder.warm_up()
+    if gateway.store.dense_encoder is not None:
+        gateway.store.dense_encoder.warm_up()
     gateway.store.load()
     gateway.generator.warm_up()
 
@@ -127,6 +159,8 @@ async def start_server(settings: Settings, gateway: Gateway | None = None) -> Ru
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     models = {
         "splade": gateway.store.encoder.model_id,
+        "dense": gateway.store.dense_encoder.model_id if gateway.store.dense_encoder else "",
+        "sparse_backend": gateway.store.sparse_backend,
         "generator": gateway.generator.backend.model_id,
         "evidence_filter": gateway.filter.name,
     }

@@ -45,8 +45,9 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         return convert.ingest_to_pb(report, view.generation, len(view.chunks))
 
     async def Retrieve(self, request, context):  # noqa: N802
+        options = convert.options_from_pb(request.options)
         result = await within_deadline(
-            context, self.gateway.retrieve(request.query, request.k, request.bypass_cache)
+            context, self.gateway.retrieve(request.query, request.k, request.bypass_cache, options)
         )
         return ragline_pb2.RetrieveResponse(**convert.retrieval_fields(result))
 
@@ -54,7 +55,11 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         result = await within_deadline(
             context,
             self.gateway.answer(
-                request.query, request.k, request.max_new_tokens, request.threshold
+                request.query,
+                request.k,
+                request.max_new_tokens,
+                request.threshold,
+                convert.options_from_pb(request.options),
             ),
         )
         self._count(result.answer)
@@ -64,7 +69,11 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         # Cancellation (client gone, deadline) cancels this task; the backend's stream stops
         # generation at the next decoding step.
         async for item in self.gateway.answer_stream(
-            request.query, request.k, request.max_new_tokens, request.threshold
+            request.query,
+            request.k,
+            request.max_new_tokens,
+            request.threshold,
+            convert.options_from_pb(request.options),
         ):
             if isinstance(item, AnswerResult):
                 self._count(item.answer)
@@ -91,6 +100,8 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
                     "ragline_cache_skipped_total": cache.stats.skipped,
                 }
             )
+        counters["ragline_singleflight_joins_total"] = self.gateway.retriever.singleflight_joins
+        counters.update(self.gateway.store.memory())
         return ragline_pb2.GetStatsResponse(
             documents=len(view.doc_hashes),
             chunks=len(view.chunks),
@@ -111,8 +122,9 @@ class RetrieverServicer(stages_pb2_grpc.RetrieverServiceServicer):
         self.gateway = gateway
 
     async def Search(self, request, context):  # noqa: N802
+        options = convert.options_from_pb(request.options)
         result = await within_deadline(
-            context, self.gateway.retrieve(request.query, request.k, request.bypass_cache)
+            context, self.gateway.retrieve(request.query, request.k, request.bypass_cache, options)
         )
         return stages_pb2.SearchResponse(**convert.retrieval_fields(result))
 

@@ -1,10 +1,31 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SearchMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEARCH_MODE_UNSPECIFIED: _ClassVar[SearchMode]
+    SEARCH_MODE_SPARSE: _ClassVar[SearchMode]
+    SEARCH_MODE_DENSE: _ClassVar[SearchMode]
+    SEARCH_MODE_HYBRID: _ClassVar[SearchMode]
+
+class Fusion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FUSION_UNSPECIFIED: _ClassVar[Fusion]
+    FUSION_RRF: _ClassVar[Fusion]
+    FUSION_WEIGHTED: _ClassVar[Fusion]
+SEARCH_MODE_UNSPECIFIED: SearchMode
+SEARCH_MODE_SPARSE: SearchMode
+SEARCH_MODE_DENSE: SearchMode
+SEARCH_MODE_HYBRID: SearchMode
+FUSION_UNSPECIFIED: Fusion
+FUSION_RRF: Fusion
+FUSION_WEIGHTED: Fusion
 
 class Chunk(_message.Message):
     __slots__ = ("chunk_id", "doc_id", "ordinal", "text", "pages", "source", "title_path", "kind")
@@ -27,7 +48,7 @@ class Chunk(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ..., pages: _Optional[_Iterable[int]] = ..., source: _Optional[str] = ..., title_path: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Hit(_message.Message):
-    __slots__ = ("chunk", "score", "stage_scores", "rank")
+    __slots__ = ("chunk", "score", "stage_scores", "rank", "terms")
     class StageScoresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -39,11 +60,45 @@ class Hit(_message.Message):
     SCORE_FIELD_NUMBER: _ClassVar[int]
     STAGE_SCORES_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    TERMS_FIELD_NUMBER: _ClassVar[int]
     chunk: Chunk
     score: float
     stage_scores: _containers.ScalarMap[str, float]
     rank: int
-    def __init__(self, chunk: _Optional[_Union[Chunk, _Mapping]] = ..., score: _Optional[float] = ..., stage_scores: _Optional[_Mapping[str, float]] = ..., rank: _Optional[int] = ...) -> None: ...
+    terms: _containers.RepeatedCompositeFieldContainer[TermWeight]
+    def __init__(self, chunk: _Optional[_Union[Chunk, _Mapping]] = ..., score: _Optional[float] = ..., stage_scores: _Optional[_Mapping[str, float]] = ..., rank: _Optional[int] = ..., terms: _Optional[_Iterable[_Union[TermWeight, _Mapping]]] = ...) -> None: ...
+
+class TermWeight(_message.Message):
+    __slots__ = ("term", "weight")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    term: str
+    weight: float
+    def __init__(self, term: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class Filter(_message.Message):
+    __slots__ = ("doc_ids", "kinds")
+    DOC_IDS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    doc_ids: _containers.RepeatedScalarFieldContainer[str]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, doc_ids: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SearchOptions(_message.Message):
+    __slots__ = ("mode", "fusion", "sparse_weight", "dense_weight", "filter", "explain")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUSION_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    DENSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    mode: SearchMode
+    fusion: Fusion
+    sparse_weight: float
+    dense_weight: float
+    filter: Filter
+    explain: bool
+    def __init__(self, mode: _Optional[_Union[SearchMode, str]] = ..., fusion: _Optional[_Union[Fusion, str]] = ..., sparse_weight: _Optional[float] = ..., dense_weight: _Optional[float] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., explain: _Optional[bool] = ...) -> None: ...
 
 class Citation(_message.Message):
     __slots__ = ("number", "chunk_id", "doc_id", "pages", "source")

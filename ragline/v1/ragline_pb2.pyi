@@ -63,14 +63,16 @@ class IngestResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[IngestFileResult, _Mapping]]] = ..., index_generation: _Optional[int] = ..., chunks_total: _Optional[int] = ...) -> None: ...
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "k", "bypass_cache")
+    __slots__ = ("query", "k", "bypass_cache", "options")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     BYPASS_CACHE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     query: str
     k: int
     bypass_cache: bool
-    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., bypass_cache: _Optional[bool] = ...) -> None: ...
+    options: _common_pb2.SearchOptions
+    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., bypass_cache: _Optional[bool] = ..., options: _Optional[_Union[_common_pb2.SearchOptions, _Mapping]] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
     __slots__ = ("hits", "cache_hit", "index_generation", "timings_ms")
@@ -92,16 +94,18 @@ class RetrieveResponse(_message.Message):
     def __init__(self, hits: _Optional[_Iterable[_Union[_common_pb2.Hit, _Mapping]]] = ..., cache_hit: _Optional[bool] = ..., index_generation: _Optional[int] = ..., timings_ms: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class AnswerRequest(_message.Message):
-    __slots__ = ("query", "k", "max_new_tokens", "threshold")
+    __slots__ = ("query", "k", "max_new_tokens", "threshold", "options")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     query: str
     k: int
     max_new_tokens: int
     threshold: float
-    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., threshold: _Optional[float] = ...) -> None: ...
+    options: _common_pb2.SearchOptions
+    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., threshold: _Optional[float] = ..., options: _Optional[_Union[_common_pb2.SearchOptions, _Mapping]] = ...) -> None: ...
 
 class AnswerResponse(_message.Message):
     __slots__ = ("answer", "insufficient", "reason", "citations", "evidence", "timings_ms")

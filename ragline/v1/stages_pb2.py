@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ragline.v1 import common_pb2 as ragline_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragline/v1/stages.proto\x12\nragline.v1\x1a\x17ragline/v1/common.proto\"?\n\rSearchRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x14\n\x0c\x62ypass_cache\x18\x03 \x01(\x08\"\xcd\x01\n\x0eSearchResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tcache_hit\x18\x02 \x01(\x08\x12\x18\n\x10index_generation\x18\x03 \x01(\x03\x12=\n\ntimings_ms\x18\x04 \x03(\x0b\x32).ragline.v1.SearchResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x0cScoreRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x1d\n\x04hits\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tthreshold\x18\x03 \x01(\x02\"\xb0\x01\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x02\x12\x0c\n\x04kept\x18\x02 \x03(\x08\x12<\n\ntimings_ms\x18\x03 \x03(\x0b\x32(.ragline.v1.ScoreResponse.TimingsMsEntry\x12\x11\n\tthreshold\x18\x04 \x01(\x02\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"H\n\rExpandRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x1d\n\x04hits\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\t\n\x01k\x18\x03 \x01(\x05\"C\n\x0e\x45xpandResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x12\n\ngraph_used\x18\x02 \x01(\x08\"[\n\x0fGenerateRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12!\n\x08\x65vidence\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\"\xe4\x01\n\x10GenerateResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x14\n\x0cinsufficient\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\tcitations\x18\x04 \x03(\x0b\x32\x14.ragline.v1.Citation\x12?\n\ntimings_ms\x18\x05 \x03(\x0b\x32+.ragline.v1.GenerateResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"a\n\x16GenerateStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.ragline.v1.GenerateResponseH\x00\x42\x07\n\x05\x65vent2S\n\x10RetrieverService\x12?\n\x06Search\x12\x19.ragline.v1.SearchRequest\x1a\x1a.ragline.v1.SearchResponse2R\n\x12\x43redibilityService\x12<\n\x05Score\x12\x18.ragline.v1.ScoreRequest\x1a\x19.ragline.v1.ScoreResponse2O\n\x0cGraphService\x12?\n\x06\x45xpand\x12\x19.ragline.v1.ExpandRequest\x1a\x1a.ragline.v1.ExpandResponse2\xae\x01\n\x10GeneratorService\x12\x45\n\x08Generate\x12\x1b.ragline.v1.GenerateRequest\x1a\x1c.ragline.v1.GenerateResponse\x12S\n\x0eGenerateStream\x12\x1b.ragline.v1.GenerateRequest\x1a\".ragline.v1.GenerateStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragline/v1/stages.proto\x12\nragline.v1\x1a\x17ragline/v1/common.proto\"k\n\rSearchRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x14\n\x0c\x62ypass_cache\x18\x03 \x01(\x08\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.ragline.v1.SearchOptions\"\xcd\x01\n\x0eSearchResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tcache_hit\x18\x02 \x01(\x08\x12\x18\n\x10index_generation\x18\x03 \x01(\x03\x12=\n\ntimings_ms\x18\x04 \x03(\x0b\x32).ragline.v1.SearchResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x0cScoreRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x1d\n\x04hits\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tthreshold\x18\x03 \x01(\x02\"\xb0\x01\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x02\x12\x0c\n\x04kept\x18\x02 \x03(\x08\x12<\n\ntimings_ms\x18\x03 \x03(\x0b\x32(.ragline.v1.ScoreResponse.TimingsMsEntry\x12\x11\n\tthreshold\x18\x04 \x01(\x02\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"H\n\rExpandRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x1d\n\x04hits\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\t\n\x01k\x18\x03 \x01(\x05\"C\n\x0e\x45xpandResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x12\n\ngraph_used\x18\x02 \x01(\x08\"[\n\x0fGenerateRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12!\n\x08\x65vidence\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\"\xe4\x01\n\x10GenerateResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x14\n\x0cinsufficient\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\tcitations\x18\x04 \x03(\x0b\x32\x14.ragline.v1.Citation\x12?\n\ntimings_ms\x18\x05 \x03(\x0b\x32+.ragline.v1.GenerateResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"a\n\x16GenerateStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.ragline.v1.GenerateResponseH\x00\x42\x07\n\x05\x65vent2S\n\x10RetrieverService\x12?\n\x06Search\x12\x19.ragline.v1.SearchRequest\x1a\x1a.ragline.v1.SearchResponse2R\n\x12\x43redibilityService\x12<\n\x05Score\x12\x18.ragline.v1.ScoreRequest\x1a\x19.ragline.v1.ScoreResponse2O\n\x0cGraphService\x12?\n\x06\x45xpand\x12\x19.ragline.v1.ExpandRequest\x1a\x1a.ragline.v1.ExpandResponse2\xae\x01\n\x10GeneratorService\x12\x45\n\x08Generate\x12\x1b.ragline.v1.GenerateRequest\x1a\x1c.ragline.v1.GenerateResponse\x12S\n\x0eGenerateStream\x12\x1b.ragline.v1.GenerateRequest\x1a\".ragline.v1.GenerateStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,35 +39,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._loaded_options = None
   _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_options = b'8\001'
   _globals['_SEARCHREQUEST']._serialized_start=64
-  _globals['_SEARCHREQUEST']._serialized_end=127
-  _globals['_SEARCHRESPONSE']._serialized_start=130
-  _globals['_SEARCHRESPONSE']._serialized_end=335
-  _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_start=287
-  _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_end=335
-  _globals['_SCOREREQUEST']._serialized_start=337
-  _globals['_SCOREREQUEST']._serialized_end=416
-  _globals['_SCORERESPONSE']._serialized_start=419
-  _globals['_SCORERESPONSE']._serialized_end=595
-  _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_start=287
-  _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_end=335
-  _globals['_EXPANDREQUEST']._serialized_start=597
-  _globals['_EXPANDREQUEST']._serialized_end=669
-  _globals['_EXPANDRESPONSE']._serialized_start=671
-  _globals['_EXPANDRESPONSE']._serialized_end=738
-  _globals['_GENERATEREQUEST']._serialized_start=740
-  _globals['_GENERATEREQUEST']._serialized_end=831
-  _globals['_GENERATERESPONSE']._serialized_start=834
-  _globals['_GENERATERESPONSE']._serialized_end=1062
-  _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_start=287
-  _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_end=335
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1064
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1161
-  _globals['_RETRIEVERSERVICE']._serialized_start=1163
-  _globals['_RETRIEVERSERVICE']._serialized_end=1246
-  _globals['_CREDIBILITYSERVICE']._serialized_start=1248
-  _globals['_CREDIBILITYSERVICE']._serialized_end=1330
-  _globals['_GRAPHSERVICE']._serialized_start=1332
-  _globals['_GRAPHSERVICE']._serialized_end=1411
-  _globals['_GENERATORSERVICE']._serialized_start=1414
-  _globals['_GENERATORSERVICE']._serialized_end=1588
+  _globals['_SEARCHREQUEST']._serialized_end=171
+  _globals['_SEARCHRESPONSE']._serialized_start=174
+  _globals['_SEARCHRESPONSE']._serialized_end=379
+  _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_start=331
+  _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_end=379
+  _globals['_SCOREREQUEST']._serialized_start=381
+  _globals['_SCOREREQUEST']._serialized_end=460
+  _globals['_SCORERESPONSE']._serialized_start=463
+  _globals['_SCORERESPONSE']._serialized_end=639
+  _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_start=331
+  _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_end=379
+  _globals['_EXPANDREQUEST']._serialized_start=641
+  _globals['_EXPANDREQUEST']._serialized_end=713
+  _globals['_EXPANDRESPONSE']._serialized_start=715
+  _globals['_EXPANDRESPONSE']._serialized_end=782
+  _globals['_GENERATEREQUEST']._serialized_start=784
+  _globals['_GENERATEREQUEST']._serialized_end=875
+  _globals['_GENERATERESPONSE']._serialized_start=878
+  _globals['_GENERATERESPONSE']._serialized_end=1106
+  _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_start=331
+  _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_end=379
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1108
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1205
+  _globals['_RETRIEVERSERVICE']._serialized_start=1207
+  _globals['_RETRIEVERSERVICE']._serialized_end=1290
+  _globals['_CREDIBILITYSERVICE']._serialized_start=1292
+  _globals['_CREDIBILITYSERVICE']._serialized_end=1374
+  _globals['_GRAPHSERVICE']._serialized_start=1376
+  _globals['_GRAPHSERVICE']._serialized_end=1455
+  _globals['_GENERATORSERVICE']._serialized_start=1458
+  _globals['_GENERATORSERVICE']._serialized_end=1632
 # @@protoc_insertion_point(module_scope)

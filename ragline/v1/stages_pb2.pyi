@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SearchRequest(_message.Message):
-    __slots__ = ("query", "k", "bypass_cache")
+    __slots__ = ("query", "k", "bypass_cache", "options")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     BYPASS_CACHE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
     query: str
     k: int
     bypass_cache: bool
-    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., bypass_cache: _Optional[bool] = ...) -> None: ...
+    options: _common_pb2.SearchOptions
+    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., bypass_cache: _Optional[bool] = ..., options: _Optional[_Union[_common_pb2.SearchOptions, _Mapping]] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("hits", "cache_hit", "index_generation", "timings_ms")

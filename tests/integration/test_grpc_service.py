@@ -57,8 +57,10 @@ async def test_retrieve_finds_the_right_page_then_hits_the_cache(channel) -> Non
     assert (top.chunk.doc_id, top.rank) == ("frob-manual", 1)
     assert 3 in top.chunk.pages
     assert "FROB_HOME" in top.chunk.text
-    assert top.stage_scores["sparse"] == pytest.approx(top.score)
-    assert not first.cache_hit and "encode_ms" in first.timings_ms
+    # hybrid by default: both retrievers found it, and the fused score is reciprocal-rank
+    assert top.stage_scores["sparse"] > 0 and 0 < top.stage_scores["dense"] <= 1
+    assert top.score == pytest.approx(2 / 61)
+    assert not first.cache_hit and {"encode_ms", "dense_search_ms"} <= set(first.timings_ms)
     second = await stub.Retrieve(request, timeout=30)
     assert second.cache_hit
     assert [h.chunk.chunk_id for h in second.hits] == [h.chunk.chunk_id for h in first.hits]

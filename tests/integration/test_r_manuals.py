@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from retriever.dense import DenseEncoder
 from retriever.splade import SpladeEncoder
 from retriever.store import IndexStore
 from services.gateway import Gateway
@@ -16,10 +17,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def gateway(r_manuals: Path, encoder: SpladeEncoder, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def gateway(  # type: ignore[no-untyped-def]
+    r_manuals: Path,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+    tmp_path_factory: pytest.TempPathFactory,
+):
     settings = Settings()
     settings.cache.enabled = False
-    store = IndexStore(tmp_path_factory.mktemp("rindex"), encoder)
+    store = IndexStore(tmp_path_factory.mktemp("rindex"), encoder, dense_encoder=dense_encoder)
     store.load()
     gw = build_gateway(settings, store)
     gw.generator.warm_up()

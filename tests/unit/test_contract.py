@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from generator.contract import check_answer, clean_output
-from generator.prompt import SYSTEM_PROMPT, build_messages
+from generator.prompt import SYSTEM_PROMPT, body_sentences, build_messages, focus
+from generator.text import stem, stems
 from ragline.types import INSUFFICIENT_INFO, Chunk, Hit
 
 pytestmark = pytest.mark.unit
@@ -116,3 +117,79 @@ def test_number_next_to_the_asked_term_is_anchored() -> None:
         "How many words make up a quantum?", "350 words [1].", evidence, key_window=5
     )
     assert not answer.insufficient and answer.citations[0].number == 1
+
+
+# The R-data section as parser 4 chunks it, and what SmolLM2 really answered from it.
+SECTION = Hit(
+    chunk=Chunk(
+        "R-data-39",
+        "R-data",
+        39,
+        "2.2 Fixed-width-format files Sometimes data files have no field delimiters but have "
+        "fields in pre-specified columns. This was very common in the days of punched cards. "
+        "Function read.fwf provides a simple way to read such files, specifying a vector of "
+        "field widths. The function reads the file into memory as whole lines.",
+        (15,),
+        "R-data.pdf",
+        ("2 Spreadsheet-like data", "Fixed-width-format files"),
+    ),
+    score=15.8,
+)
+EPIINFO = hit(
+    "EpiInfo versions 5 and 6 stored data in a self-describing fixed-width text format. "
+    "Function read.xport reads a file in SAS Transport (XPORT) format.",
+    page=19,
+    n=2,
+)
+
+
+def test_focus_keeps_the_on_topic_sentences_in_order() -> None:
+    focused = focus(QUESTION, SECTION.chunk.text, 2)
+    assert focused.startswith("2.2 Fixed-width-format files Sometimes")
+    assert "read.fwf" in focused and "punched cards" not in focused
+    assert focus(QUESTION, SECTION.chunk.text, 0) == SECTION.chunk.text
+    messages = build_messages(QUESTION, [SECTION], focus_sentences=2)
+    assert "punched" not in messages[1]["content"]
+
+
+def test_body_sentences_drop_the_section_heading() -> None:
+    first = body_sentences(SECTION)[0]
+    assert first.startswith("Sometimes data files")
+
+
+def test_unsupported_answer_falls_back_to_a_quote_of_the_top_passage() -> None:
+    raw = (
+        "The answer to the question is:\n\n[1] 2.2 Fixed-width-format files. Function "
+        "read.xport reads a file in SAS Transport (XPORT) format and returns data frames."
+    )
+    evidence = [SECTION, EPIINFO]
+    assert check_answer(QUESTION, raw, evidence, 0.9, 8).reason == "unsupported"
+    answer = check_answer(QUESTION, raw, evidence, 0.9, 8, quote=True)
+    assert not answer.insufficient
+    assert answer.text == (
+        "Function read.fwf provides a simple way to read such files, specifying a vector of "
+        "field widths. [1]"
+    )
+    assert [(c.doc_id, c.pages) for c in answer.citations] == [("R-data", (15,))]
+
+
+def test_no_quote_when_the_top_passage_is_off_topic() -> None:
+    question = "What is the capital of Mongolia?"
+    answer = check_answer(question, "It is Ulaanbaatar [1].", [SECTION], 0.9, 8, quote=True)
+    assert answer.insufficient and answer.reason == "unsupported"
+
+
+def test_lead_in_paragraph_is_skipped() -> None:
+    assert clean_output("The answer to the question is:\n\nUse read.fwf.") == "Use read.fwf."
+
+
+def test_stems_match_plurals_and_hyphenated_words() -> None:
+    assert [stem(w) for w in ("files", "boxes", "reading", "fixed", "class", "is")] == [
+        "file",
+        "box",
+        "read",
+        "fix",
+        "class",
+        "is",
+    ]
+    assert {"fixed-width", "fix", "width", "file"} <= stems("Fixed-width files")

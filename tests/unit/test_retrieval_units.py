@@ -45,6 +45,10 @@ def test_cache_key_normalises_and_includes_generation() -> None:
     assert cache.key("q", **args) != cache.key("q", **{**args, "generation": 4})
     assert cache.key("q", **args) != cache.key("q", **{**args, "k": 5})
     assert cache.key("q", **args) != cache.key("q", **{**args, "model_id": "other"})
+    hybrid = {**args, "options": {"mode": "hybrid", "doc_ids": ["d1"]}}
+    assert cache.key("q", **args) != cache.key("q", **hybrid)
+    other_filter = {**args, "options": {"mode": "hybrid", "doc_ids": ["d2"]}}
+    assert cache.key("q", **hybrid) != cache.key("q", **other_filter)
     cased = {**args, "casefold": False}
     assert cache.key("Read", **cased) != cache.key("read", **cased)
     assert cache.key("q", **args).startswith("ragline:q:")
@@ -52,3 +56,15 @@ def test_cache_key_normalises_and_includes_generation() -> None:
 
 def test_normalize_query_uses_nfkc() -> None:
     assert normalize_query("ﬁle  Ｒ", casefold=False) == "file R"
+
+
+def test_prune_rows_keeps_each_rows_strongest_terms() -> None:
+    from retriever.splade import prune_rows
+
+    matrix = sp.csr_matrix(
+        np.array([[0.1, 0.9, 0.5, 0.0], [0.3, 0.0, 0.0, 0.0], [0.2, 0.4, 0.8, 0.6]], np.float32)
+    )
+    pruned = prune_rows(matrix, 2).toarray()
+    expected = [[0.0, 0.9, 0.5, 0.0], [0.3, 0.0, 0.0, 0.0], [0.0, 0.0, 0.8, 0.6]]
+    assert np.allclose(pruned, np.array(expected, np.float32))
+    assert prune_rows(matrix, 3).nnz == 3 + 1 + 3  # rows at or under the cap are kept whole
