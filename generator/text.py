@@ -41,10 +41,10 @@ def stem(word: str) -> str:
 
 
 def stems(text: str) -> set[str]:
-    """Stemmed content words, also split at hyphens ("fixed-width" → fixed, width)."""
-    out = set()
+    """Stemmed content words; a hyphenated word counts as its parts ("fixed-width" → fix,
+    width), so it neither doubles in a question nor misses a passage that spells it apart."""
+    out: set[str] = set()
     for token in content_tokens(text):
-        out.add(stem(token))
-        if "-" in token:
-            out.update(stem(p) for p in token.split("-") if len(p) > 1 and p not in STOPWORDS)
+        parts = [p for p in token.split("-") if len(p) > 1 and p not in STOPWORDS]
+        out.update(stem(p) for p in (parts if "-" in token and parts else [token]))
     return out

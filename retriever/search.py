@@ -77,8 +77,8 @@ EXPLAIN_TERMS = 8
 class Retriever:
     """``search(query, k, options)`` over the store's current view, the Redis cache in front.
 
-    Concurrent misses for the same cache key compute once (singleflight): the first caller
-    computes, the others await its result.
+    Concurrent requests for the same cache key are served once (singleflight): the first
+    caller does the Redis lookup and, on a miss, the search; the others await its result.
     """
 
     def __init__(
@@ -130,6 +130,41 @@ class Retriever:
             casefold=self.store.encoder.uncased,
             options=options.cache_part(),
         )
+        pending = self._inflight.get(key)
+        if pending is not None:  # the same key is being looked up or computed: wait for it
+            self.singleflight_joins += 1
+            try:
+                shared = await asyncio.shield(pending)
+                return RetrievalResult(list(shared.hits), shared.cache_hit, shared.generation, {})
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this caller was cancelled
+                # the leader's caller went away mid-search: search for ourselves
+                return await self._compute(view, query, k, options, allowed, {})
+        future: asyncio.Future[RetrievalResult] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            result = await self._lookup_or_compute(view, key, query, k, options, allowed)
+            future.set_result(result)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: joiners re-raise it, nobody else must
+            raise
+        finally:
+            del self._inflight[key]
+        return result
+
+    async def _lookup_or_compute(
+        self,
+        view: IndexView,
+        key: str,
+        query: str,
+        k: int,
+        options: SearchOptions,
+        allowed: np.ndarray | None,
+    ) -> RetrievalResult:
+        assert self.cache is not None
         timings: dict[str, float] = {}
         started = time.perf_counter()
         cached = await self.cache.get(key)
@@ -140,22 +175,7 @@ class Retriever:
                 if options.explain:
                     hits = await self._explain(view, query, hits)
                 return RetrievalResult(hits, True, view.generation, timings)
-        pending = self._inflight.get(key)
-        if pending is not None:
-            self.singleflight_joins += 1
-            result = await asyncio.shield(pending)
-            return RetrievalResult(result.hits, False, result.generation, dict(timings))
-        future: asyncio.Future[RetrievalResult] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
-            result = await self._compute(view, query, k, options, allowed, timings)
-            future.set_result(result)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: joiners re-raise it, nobody else must
-            raise
-        finally:
-            del self._inflight[key]
+        result = await self._compute(view, query, k, options, allowed, timings)
         await self.cache.put(
             key, [(h.chunk.chunk_id, h.score, dict(h.stage_scores)) for h in result.hits]
         )

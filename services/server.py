@@ -18,8 +18,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from credibility.filter import ScoreFloorFilter
-from generator.core import AnswerGenerator
-from generator.transformers_backend import TransformersBackend
+from generator.core import AnswerGenerator, TextBackend
+from generator.models import choose_backend, resolve_vllm_model
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
@@ -83,6 +83,35 @@ def default_options(settings: Settings, store: IndexStore) -> SearchOptions:
     )
 
 
+def build_text_backend(settings: Settings) -> TextBackend:
+    """The generator backend the settings name (``auto`` resolved). Light: nothing loads."""
+    g = settings.generator
+    kind = choose_backend(g.backend, g.model, g.vllm_model_dir)
+    logger.info("generator backend %s (setting %s)", kind, g.backend)
+    if kind == "vllm":
+        from generator.vllm_backend import VllmBackend
+
+        return VllmBackend(
+            resolve_vllm_model(g.model, g.vllm_model_dir),
+            max_model_len=g.vllm_max_model_len,
+            kv_cache_gib=g.vllm_kv_cache_gib,
+            threads=settings.server.threads,
+        )
+    if kind == "openai":
+        from generator.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(
+            g.openai_base_url,
+            g.openai_model or g.model,
+            api_key=g.openai_api_key,
+            timeout_s=g.openai_timeout_s,
+            retries=g.openai_retries,
+        )
+    from generator.transformers_backend import TransformersBackend
+
+    return TransformersBackend(g.model, threads=settings.server.threads)
+
+
 def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gateway:
     """Wire the stages from settings. Light: nothing loads until :func:`warm_up`."""
     store = store or build_store(settings)
@@ -100,7 +129,7 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
     )
     g = settings.generator
     generator = AnswerGenerator(
-        TransformersBackend(g.model, threads=settings.server.threads),
+        build_text_backend(settings),
         max_new_tokens=g.max_new_tokens,
         max_evidence_chars=g.max_evidence_chars,
         min_support=g.min_support,

