@@ -6,7 +6,7 @@ FULL ?= 0
 CORPUS ?= data/corpus
 PORT ?= 50051
 
-.PHONY: run test setup redis corpus ingest serve lint typecheck proto proto-check unit integration bench clean
+.PHONY: run test setup redis corpus ingest serve lint typecheck proto proto-check unit integration bench bench-retrieval clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, serve on :$(PORT)
 ##      (FULL=1: the whole eval corpus, refman and the texlive samples included)
@@ -52,6 +52,10 @@ integration: setup redis
 
 bench: setup redis
 	$(BIN)/python bench/slice.py
+
+## bench-retrieval: every backend and mode on var/index, the cache over gRPC, synthetic 100k
+bench-retrieval: setup redis
+	$(BIN)/python bench/retrieval.py
 
 clean:
 	rm -rf var build *.egg-info .mypy_cache .ruff_cache .pytest_cache
