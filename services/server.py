@@ -174,6 +174,9 @@ class RunningServer:
         cache = self.gateway.retriever.cache
         if cache is not None:
             await cache.close()
+        close = getattr(self.gateway.generator.backend, "close", None)
+        if close is not None:  # vLLM: stop its engine processes now, not at interpreter exit
+            await asyncio.to_thread(close)
 
 
 async def start_server(settings: Settings, gateway: Gateway | None = None) -> RunningServer:

@@ -29,7 +29,10 @@ def gateway(  # type: ignore[no-untyped-def]
     store.load()
     gw = build_gateway(settings, store)
     gw.generator.warm_up()
-    return gw
+    yield gw
+    close = getattr(gw.generator.backend, "close", None)
+    if close is not None:  # the vLLM engine's processes, while pytest's streams are open
+        close()
 
 
 async def test_r_data_fixed_width_question(gateway: Gateway, r_manuals: Path) -> None:
