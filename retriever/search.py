@@ -259,10 +259,6 @@ class Retriever:
         return explained
 
 
-SparseRetriever = Retriever
-"""The name of the sparse-only first slice; kept for callers that still use it."""
-
-
 def _allowed_rows(view: IndexView, options: SearchOptions) -> np.ndarray | None:
     """A boolean mask over rows for the request's filters, or None when there are none."""
     if not options.doc_ids and not options.kinds:

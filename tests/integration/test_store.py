@@ -8,7 +8,7 @@ import pytest
 
 from ingest.batch import run_batch
 from ragline.errors import DataLoss, FailedPrecondition, NotFound
-from retriever.search import SparseRetriever
+from retriever.search import Retriever, SearchOptions
 from retriever.splade import SpladeEncoder
 from retriever.store import IndexStore
 from tests.conftest import MANUAL_PAGES
@@ -62,14 +62,14 @@ async def test_snapshot_reloads_and_survives_a_crashed_write(
     index_dir = tmp_path / "index"
     store = indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))
     question = "Which environment variable gives the location of the site configuration file?"
-    before = await SparseRetriever(store).search(question, 3)
+    before = await Retriever(store).search(question, 3, SearchOptions(mode="sparse"))
     # A writer that died mid-snapshot leaves only a temp folder behind.
     (index_dir / "snapshots" / ".tmp-g000002-999").mkdir()
     (index_dir / "snapshots" / ".tmp-g000002-999" / "chunks.jsonl").write_text("{broken")
 
     reloaded = IndexStore(index_dir, encoder)
     reloaded.load()
-    after = await SparseRetriever(reloaded).search(question, 3)
+    after = await Retriever(reloaded).search(question, 3, SearchOptions(mode="sparse"))
     assert reloaded.view.generation == store.view.generation
     assert [h.chunk.chunk_id for h in after.hits] == [h.chunk.chunk_id for h in before.hits]
     assert 3 in after.hits[0].chunk.pages
