@@ -6,11 +6,12 @@ FULL ?= 0
 CORPUS ?= data/corpus
 PORT ?= 50051
 
-.PHONY: run test setup redis corpus ingest serve lint typecheck proto proto-check unit integration bench bench-retrieval clean
+.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility clean
 
-## run: install, start Redis if none answers, fetch + ingest the R manuals, serve on :$(PORT)
+## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
+##      credibility classifier once (~4 min), serve on :$(PORT)
 ##      (FULL=1: the whole eval corpus, refman and the texlive samples included)
-run: setup redis corpus ingest serve
+run: setup redis corpus ingest credibility serve
 
 ## test: install, start Redis if none answers, check generated code, lint, type-check, test
 test: setup redis proto-check lint typecheck
@@ -27,6 +28,11 @@ corpus:
 
 ingest:
 	$(BIN)/ragline ingest $(CORPUS)
+
+## credibility: train + calibrate the credibility classifier from the ingested index, unless
+##      var/models/credibility already holds one (retrain: ragline credibility train)
+credibility:
+	$(BIN)/ragline credibility train --if-missing
 
 serve:
 	$(BIN)/ragline serve --port $(PORT)
@@ -52,6 +58,10 @@ integration: setup redis
 
 bench: setup redis
 	$(BIN)/python bench/slice.py
+
+## bench-credibility: classifier latency on 20 passages and accuracy, fp32/int8, by max length
+bench-credibility: setup
+	$(BIN)/python bench/credibility.py
 
 ## bench-retrieval: every backend and mode on var/index, the cache over gRPC, synthetic 100k
 bench-retrieval: setup redis

@@ -1,22 +1,45 @@
-"""Evidence filters: one protocol, one method."""
+"""Evidence filters: one async protocol, three implementations.
+
+- :class:`ClassifierFilter`: the trained, calibrated pair classifier (threshold 0.85);
+- :class:`ScoreFloorFilter`: a SPLADE score floor, the fallback before a model is trained;
+- a remote credibility service (``services.remote``, it speaks gRPC so it lives there).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
+from credibility.model import PairClassifier
+from ragline.errors import Unavailable
 from ragline.types import Hit
 
 
 class EvidenceFilter(Protocol):
     name: str
 
-    def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
-        """A score per hit; hits at or above ``threshold`` are kept."""
+    async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
+        """A score per hit; hits at or above the threshold are kept.
+
+        Raises:
+            Unavailable: the filter could not score in time (the caller decides what then).
+        """
         ...
 
     @property
     def threshold(self) -> float: ...
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The per-request thresholds accepted."""
+        ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    def warm_up(self) -> None: ...
 
 
 class ScoreFloorFilter:
@@ -36,5 +59,64 @@ class ScoreFloorFilter:
     def threshold(self) -> float:
         return self._floor
 
-    def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return (0.0, math.inf)
+
+    @property
+    def model_id(self) -> str:
+        return f"score_floor:{self._floor:g}"
+
+    def warm_up(self) -> None:
+        return None
+
+    async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
         return [h.stage_scores.get("sparse", h.score) for h in hits]
+
+
+class ClassifierFilter:
+    """The calibrated "contains the answer" classifier, scored off the event loop."""
+
+    name = "credibility"
+
+    def __init__(
+        self,
+        classifier: PairClassifier,
+        threshold: float = 0.85,
+        bounds: tuple[float, float] = (0.5, 0.99),
+        timeout_s: float = 2.0,
+    ) -> None:
+        self.classifier = classifier
+        self._threshold = threshold
+        self._bounds = bounds
+        self.timeout_s = timeout_s
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return self._bounds
+
+    @property
+    def model_id(self) -> str:
+        return self.classifier.model_id
+
+    def warm_up(self) -> None:
+        self.classifier.warm_up()
+
+    async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
+        if not hits:
+            return []
+        passages = [h.chunk.text for h in hits]
+        try:
+            probs = await asyncio.wait_for(
+                asyncio.to_thread(self.classifier.predict, query, passages), self.timeout_s
+            )
+        except TimeoutError as exc:
+            raise Unavailable(
+                f"the credibility classifier did not answer within {self.timeout_s:g} s",
+                retry_after_s=1.0,
+            ) from exc
+        return [float(p) for p in probs]

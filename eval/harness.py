@@ -159,11 +159,15 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
 
 
 def _applied_threshold(rows: list[dict], config: dict) -> float:
+    """The threshold the server applied (its Score replies say), else its settings'."""
+    applied = [r["threshold"] for r in rows if r.get("threshold")]
+    if applied:
+        return float(applied[0])
     settings = config.get("settings")
     if settings:
-        return float(settings["credibility"]["score_floor"])
-    applied = [r["threshold"] for r in rows if r.get("threshold")]
-    return float(applied[0]) if applied else 0.0
+        c = settings["credibility"]
+        return float(c["score_floor"] if c.get("backend") == "score_floor" else c["threshold"])
+    return 0.0
 
 
 def _git_revision() -> str:

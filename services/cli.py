@@ -206,6 +206,79 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_credibility_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from credibility.distant import DistantConfig, pairs_from_store
+    from credibility.model import PACKAGED_BASE, is_checkpoint
+    from credibility.pairs import Pair, read_pairs, write_pairs
+    from credibility.train import TrainConfig, train
+    from services.server import build_store
+
+    settings = _settings(args)
+    out = Path(args.out) if args.out else settings.credibility.model_dir
+    if args.if_missing and is_checkpoint(out):
+        print(f"credibility checkpoint present at {out}: nothing to do")
+        return 0
+    pairs: list[Pair] = []
+    for path in args.pairs or []:
+        pairs += read_pairs(Path(path), args.format)
+    extra: dict[str, Any] = {"pair_files": args.pairs or []}
+    if not args.pairs or args.with_corpus:
+        settings.retriever.dense_model = ""  # hard negatives come from the sparse index
+        store = build_store(settings)
+        config = DistantConfig(
+            max_questions=args.max_questions,
+            questions_per_chunk=args.questions_per_chunk,
+            word_dropout=args.word_dropout,
+            seed=args.seed,
+        )
+        generated, questions = pairs_from_store(store, config)
+        pairs += generated
+        extra["corpus"] = {
+            "index_dir": str(settings.retriever.index_dir),
+            "documents": sorted({c.doc_id for c in store.view.chunks}),
+            "chunks": len(store.view.chunks),
+            "questions": len(questions),
+        }
+        print(f"generated {len(generated)} pairs from {len(questions)} questions", flush=True)
+    if args.save_pairs:
+        write_pairs(Path(args.save_pairs), pairs)
+    config_t = TrainConfig(
+        base=args.base or PACKAGED_BASE,
+        epochs=args.epochs,
+        seed=args.seed,
+        calibration=args.calibration,
+        max_length=settings.credibility.max_length,
+        max_words=settings.credibility.max_words,
+        threads=settings.server.threads,
+    )
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(desc="training", unit="step")
+
+    def progress(step: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(step - bar.n)
+
+    report = train(pairs, out, config_t, progress, extra)
+    if bar is not None:
+        bar.close()
+    test = report["test"]
+    at = test["at_0.85"]
+    print(
+        f"wrote {out} in {report['train_seconds']} s: held-out AUC {test['auc']:.3f} "
+        f"(model alone {test['auc_model']:.3f}), "
+        f"ECE {test['ece_uncalibrated']:.3f} -> {test['ece_calibrated']:.3f}, at 0.85: "
+        f"precision {at['precision'] if at['precision'] is None else round(at['precision'], 3)} "
+        f"recall {at['recall']:.3f}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ragline",
@@ -300,6 +373,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-dir", help="where corpus PDFs are fetched to")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "credibility",
+        help="train the credibility classifier (see `ragline credibility train --help`)",
+    )
+    csub = p.add_subparsers(dest="credibility_command", required=True, metavar="ACTION")
+    p = csub.add_parser(
+        "train",
+        help="train and calibrate the 'passage contains the answer' classifier",
+        description="Fine-tune a sequence-pair classifier and calibrate it so that a score of "
+        "0.85 means ~85%% of such passages contain the answer. Without --pairs the training "
+        "pairs come from the ingested index by distant supervision (questions generated from "
+        "passages, labelled by whether a passage holds the answer span, hard negatives from "
+        "ragline's own retrieval). Deterministic for a seed. Writes the checkpoint folder, "
+        "report.json and reliability.png to --out.",
+    )
+    p.add_argument(
+        "--index-dir", help="ingested index to learn from (default: RAGLINE_RETRIEVER_INDEX_DIR)"
+    )
+    p.add_argument(
+        "--pairs",
+        action="append",
+        help="labelled pairs instead of (repeatable: in addition to, with --with-corpus) "
+        "distant supervision: ragline JSONL {query, passage, label}, SQuAD 2.0 JSON or "
+        "MS MARCO triples TSV",
+    )
+    p.add_argument(
+        "--format",
+        choices=["auto", "jsonl", "squad", "msmarco"],
+        default="auto",
+        help="format of --pairs (default: from the file)",
+    )
+    p.add_argument("--with-corpus", action="store_true", help="with --pairs, also use the index")
+    p.add_argument("--out", help="checkpoint folder (default: RAGLINE_CREDIBILITY_MODEL_DIR)")
+    p.add_argument("--seed", type=int, default=0, help="seed for questions, split and training")
+    p.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
+    p.add_argument(
+        "--max-questions",
+        type=int,
+        default=3000,
+        help="questions generated from the corpus (default 3000, ~5 pairs each)",
+    )
+    p.add_argument(
+        "--questions-per-chunk", type=int, default=2, help="at most this many per passage"
+    )
+    p.add_argument(
+        "--word-dropout",
+        type=float,
+        default=0.4,
+        help="share of a source sentence's content words left out of its generated question, "
+        "so questions do not simply copy the passage (default 0.4)",
+    )
+    p.add_argument("--base", help="base checkpoint (default: the packaged SPLADE-tiny BERT body)")
+    p.add_argument(
+        "--calibration",
+        choices=["isotonic", "temperature"],
+        default="isotonic",
+        help="calibration fitted on held-out pairs (default isotonic)",
+    )
+    p.add_argument("--save-pairs", help="also write the training pairs to this JSONL file")
+    p.add_argument(
+        "--if-missing", action="store_true", help="do nothing if --out holds a checkpoint"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_credibility_train)
 
     p = sub.add_parser("stats", help="print index size, generation, models and counters")
     _client_args(p)

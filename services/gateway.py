@@ -7,6 +7,7 @@ embedded deployment and, behind the stage stubs, a split one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -17,10 +18,12 @@ from generator.core import AnswerGenerator
 from ingest.batch import IngestReport, ingest_one, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
-from ragline.errors import InvalidArgument
+from ragline.errors import InvalidArgument, Unavailable
 from ragline.types import Answer, Hit
 from retriever.search import RetrievalResult, Retriever, SearchOptions
 from retriever.store import IndexStore
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +54,15 @@ class Gateway:
         chunker: ChunkerConfig | None = None,
         pdf_limits: PdfLimits | None = None,
         default_options: SearchOptions | None = None,
+        fallback_filter: EvidenceFilter | None = None,
     ) -> None:
         self.store = store
         self.retriever = retriever
         self.filter = evidence_filter
+        self.fallback_filter = fallback_filter
+        """Scores when ``filter`` is unavailable (None: Answer fails with UNAVAILABLE)."""
+        self.filter_failures = 0
+        self.filter_fallbacks = 0
         self.generator = generator
         self.limits = limits
         self.evidence_k = evidence_k
@@ -93,20 +101,76 @@ class Gateway:
         k: int = 0,
         bypass_cache: bool = False,
         options: dict | None = None,
+        score_evidence: bool = False,
     ) -> RetrievalResult:
+        """Ranked hits; with ``score_evidence`` each also carries its evidence-filter score
+        (``stage_scores[filter name]``). Retrieval never fails because the filter does: when
+        it is unavailable the hits come back unscored."""
         text, k = self.validate_query(query, k)
-        return await self.retriever.search(text, k, self.options(options), bypass_cache)
+        result = await self.retriever.search(text, k, self.options(options), bypass_cache)
+        if score_evidence and result.hits:
+            started = time.perf_counter()
+            try:
+                name, scores, _ = await self.score_hits(text, result.hits)
+            except Unavailable as exc:
+                logger.warning("Retrieve without evidence scores: %s", exc.message)
+                self.filter_failures += 1
+            else:
+                hits = [
+                    replace(h, stage_scores=dict(h.stage_scores, **{name: s}))
+                    for h, s in zip(result.hits, scores, strict=True)
+                ]
+                timings = dict(
+                    result.timings_ms, credibility=(time.perf_counter() - started) * 1000
+                )
+                result = replace(result, hits=hits, timings_ms=timings)
+        return result
 
-    def select_evidence(self, query: str, hits: Sequence[Hit], threshold: float = 0.0) -> list[Hit]:
-        """Hits whose filter score reaches ``threshold`` (0 = the filter's own)."""
+    def check_threshold(self, threshold: float) -> float:
+        """The threshold a request asked for (0 = the filter's own), within the filter's bounds."""
         if not math.isfinite(threshold) or threshold < 0:
             raise InvalidArgument.for_field("threshold", f"must be >= 0, got {threshold}")
-        threshold = threshold or self.filter.threshold
-        scores = self.filter.score(query, hits)
+        if threshold == 0:
+            return self.filter.threshold
+        lo, hi = self.filter.bounds
+        if not lo <= threshold <= hi:
+            raise InvalidArgument.for_field(
+                "threshold", f"must be in [{lo:g}, {hi:g}] for the {self.filter.name} filter"
+            )
+        return threshold
+
+    async def score_hits(self, query: str, hits: Sequence[Hit]) -> tuple[str, list[float], float]:
+        """(filter name, score per hit, its default threshold). When the filter is unavailable
+        the fallback filter scores, if one is configured; otherwise :class:`Unavailable`."""
+        try:
+            return self.filter.name, await self.filter.score(query, hits), self.filter.threshold
+        except Unavailable:
+            if self.fallback_filter is None:
+                raise
+            self.filter_fallbacks += 1
+            logger.warning(
+                "evidence filter unavailable: falling back to %s", self.fallback_filter.name
+            )
+            fallback = self.fallback_filter
+            return fallback.name, await fallback.score(query, hits), fallback.threshold
+
+    async def select_evidence(
+        self, query: str, hits: Sequence[Hit], threshold: float = 0.0
+    ) -> list[Hit]:
+        """Hits whose filter score reaches ``threshold`` (0 = the filter's own).
+
+        Raises:
+            Unavailable: the filter could not score and no fallback is configured; evidence
+                is never passed on unfiltered.
+        """
+        threshold = self.check_threshold(threshold)
+        name, scores, default = await self.score_hits(query, hits)
+        if name != self.filter.name:
+            threshold = default  # the fallback's own scale
         kept = []
         for hit, score in zip(hits, scores, strict=True):
             if score >= threshold:
-                stage = dict(hit.stage_scores, **{self.filter.name: score})
+                stage = dict(hit.stage_scores, **{name: score})
                 kept.append(Hit(chunk=hit.chunk, score=hit.score, stage_scores=stage))
         return kept
 
@@ -128,7 +192,13 @@ class Gateway:
         retrieved = await self.retriever.search(text, k, search_options)
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
-        evidence = self.select_evidence(text, retrieved.hits, threshold)
+        started = time.perf_counter()
+        try:
+            evidence = await self.select_evidence(text, retrieved.hits, threshold)
+        except Unavailable:
+            self.filter_failures += 1
+            raise
+        timings["credibility_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         answer: Answer | None = None
         async for item in self.generator.stream(text, evidence, max_new_tokens):

@@ -17,7 +17,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from credibility.filter import ScoreFloorFilter
+from credibility.filter import ClassifierFilter, EvidenceFilter, ScoreFloorFilter
+from credibility.model import PairClassifier, is_checkpoint
 from generator.core import AnswerGenerator, TextBackend
 from generator.models import choose_backend, resolve_vllm_model
 from ingest.chunker import ChunkerConfig
@@ -112,6 +113,34 @@ def build_text_backend(settings: Settings) -> TextBackend:
     return TransformersBackend(g.model, threads=settings.server.threads)
 
 
+def build_filter(settings: Settings) -> EvidenceFilter:
+    """The evidence filter the settings ask for (see ``CredibilitySettings``)."""
+    c = settings.credibility
+    bounds = (c.min_threshold, c.max_threshold)
+    if c.address:
+        from services.remote import RemoteFilter
+
+        return RemoteFilter(c.address, c.timeout_s, c.threshold, bounds)
+    if c.backend == "score_floor":
+        return ScoreFloorFilter(c.score_floor)
+    if c.backend == "auto" and not is_checkpoint(c.model_dir):
+        logger.warning(
+            "no credibility checkpoint at %s: evidence is filtered by the SPLADE score floor "
+            "%g instead (train one with `ragline credibility train`)",
+            c.model_dir,
+            c.score_floor,
+        )
+        return ScoreFloorFilter(c.score_floor)
+    classifier = PairClassifier(
+        c.model_dir,
+        max_length=c.max_length,
+        max_words=c.max_words,
+        threads=settings.server.threads,
+        quantize=c.quantize,
+    )
+    return ClassifierFilter(classifier, c.threshold, bounds, c.timeout_s)
+
+
 def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gateway:
     """Wire the stages from settings. Light: nothing loads until :func:`warm_up`."""
     store = store or build_store(settings)
@@ -143,7 +172,12 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
         store=store,
         retriever=Retriever(store, cache, settings.retriever.query_encoder),
         default_options=default_options(settings, store),
-        evidence_filter=ScoreFloorFilter(settings.credibility.score_floor),
+        evidence_filter=build_filter(settings),
+        fallback_filter=(
+            ScoreFloorFilter(settings.credibility.score_floor)
+            if settings.credibility.on_unavailable == "score_floor"
+            else None
+        ),
         generator=generator,
         limits=Limits(default_k=r.default_k, max_k=r.max_k, max_query_chars=r.max_query_chars),
         evidence_k=g.evidence_k,
@@ -157,6 +191,7 @@ def warm_up(gateway: Gateway) -> None:
     if gateway.store.dense_encoder is not None:
         gateway.store.dense_encoder.warm_up()
     gateway.store.load()
+    gateway.filter.warm_up()
     gateway.generator.warm_up()
 
 
@@ -174,6 +209,9 @@ class RunningServer:
         cache = self.gateway.retriever.cache
         if cache is not None:
             await cache.close()
+        close_filter = getattr(self.gateway.filter, "close", None)
+        if close_filter is not None:
+            await close_filter()
         close = getattr(self.gateway.generator.backend, "close", None)
         if close is not None:  # vLLM: stop its engine processes now, not at interpreter exit
             await asyncio.to_thread(close)
@@ -195,6 +233,7 @@ async def start_server(settings: Settings, gateway: Gateway | None = None) -> Ru
         "sparse_backend": gateway.store.sparse_backend,
         "generator": gateway.generator.backend.model_id,
         "evidence_filter": gateway.filter.name,
+        "credibility": gateway.filter.model_id,
     }
     ragline_pb2_grpc.add_RaglineServicer_to_server(
         RaglineServicer(gateway, metrics, models), server

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -47,7 +48,10 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
     async def Retrieve(self, request, context):  # noqa: N802
         options = convert.options_from_pb(request.options)
         result = await within_deadline(
-            context, self.gateway.retrieve(request.query, request.k, request.bypass_cache, options)
+            context,
+            self.gateway.retrieve(
+                request.query, request.k, request.bypass_cache, options, request.score_evidence
+            ),
         )
         return ragline_pb2.RetrieveResponse(**convert.retrieval_fields(result))
 
@@ -135,11 +139,18 @@ class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):
 
     async def Score(self, request, context):  # noqa: N802
         hits = convert.hits_from_pb(request.hits)
-        evidence_filter = self.gateway.filter
-        threshold = request.threshold or evidence_filter.threshold
-        scores = evidence_filter.score(request.query, hits)
+        threshold = self.gateway.check_threshold(request.threshold)
+        started = time.perf_counter()
+        name, scores, default = await within_deadline(
+            context, self.gateway.score_hits(request.query, hits)
+        )
+        if name != self.gateway.filter.name:
+            threshold = default
         return stages_pb2.ScoreResponse(
-            scores=scores, kept=[s >= threshold for s in scores], threshold=threshold
+            scores=scores,
+            kept=[s >= threshold for s in scores],
+            threshold=threshold,
+            timings_ms={name: (time.perf_counter() - started) * 1000},
         )
 
 

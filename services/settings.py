@@ -130,6 +130,49 @@ class CacheSettings(BaseSettings):
 class CredibilitySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RAGLINE_CREDIBILITY_")
 
+    backend: Literal["auto", "classifier", "score_floor"] = Field(
+        "auto",
+        description="Evidence filter: the trained classifier, or a SPLADE score floor; auto = "
+        "the classifier when a checkpoint exists at model_dir, else the floor (with a warning).",
+    )
+    model_dir: Path = Field(
+        Path("var/models/credibility"),
+        description="Checkpoint folder written by `ragline credibility train`.",
+    )
+    threshold: float = Field(
+        0.85,
+        gt=0,
+        lt=1,
+        description="Calibrated probability a passage must reach to be evidence.",
+    )
+    min_threshold: float = Field(
+        0.5, gt=0, lt=1, description="Lowest per-request threshold override accepted."
+    )
+    max_threshold: float = Field(
+        0.99, gt=0, lt=1, description="Highest per-request threshold override accepted."
+    )
+    max_length: int = Field(
+        192, ge=32, le=512, description="Tokens per (query, passage) pair; the query is kept whole."
+    )
+    max_words: int = Field(
+        120, ge=16, description="Passage words scored: the sentences closest to the query."
+    )
+    quantize: bool = Field(
+        False, description="int8 dynamic quantization of the classifier's linear layers."
+    )
+    address: str = Field(
+        "",
+        description="host:port of a remote credibility service (ragline serve on another "
+        "machine); empty = score in this process.",
+    )
+    timeout_s: float = Field(
+        2.0, gt=0, description="Deadline for one scoring call (remote or in-process)."
+    )
+    on_unavailable: Literal["error", "score_floor"] = Field(
+        "error",
+        description="When the classifier fails or misses its deadline: error = Answer returns "
+        "UNAVAILABLE (Retrieve still works); score_floor = fall back to the SPLADE floor.",
+    )
     score_floor: float = Field(
         8.0,
         ge=0,

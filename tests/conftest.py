@@ -99,6 +99,9 @@ def make_settings(tmp: Path, redis_url: str) -> Settings:
     # A loaded CI box can take longer than the 50 ms production bound to answer; the bound
     # itself is tested in test_cache_redis.py, here a cache hit must be a hit.
     settings.cache.timeout_s = 1.0
+    # The SPLADE floor, whatever checkpoint this checkout holds: the classifier has its own
+    # tests (tests/integration/test_credibility.py) with a model trained there.
+    settings.credibility.backend = "score_floor"
     # Small chunks so the short generated pages land in different chunks.
     settings.ingest.target_words = 40
     settings.ingest.overlap_words = 5

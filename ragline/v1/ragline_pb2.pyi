@@ -63,16 +63,18 @@ class IngestResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[IngestFileResult, _Mapping]]] = ..., index_generation: _Optional[int] = ..., chunks_total: _Optional[int] = ...) -> None: ...
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "k", "bypass_cache", "options")
+    __slots__ = ("query", "k", "bypass_cache", "options", "score_evidence")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     BYPASS_CACHE_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     query: str
     k: int
     bypass_cache: bool
     options: _common_pb2.SearchOptions
-    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., bypass_cache: _Optional[bool] = ..., options: _Optional[_Union[_common_pb2.SearchOptions, _Mapping]] = ...) -> None: ...
+    score_evidence: bool
+    def __init__(self, query: _Optional[str] = ..., k: _Optional[int] = ..., bypass_cache: _Optional[bool] = ..., options: _Optional[_Union[_common_pb2.SearchOptions, _Mapping]] = ..., score_evidence: _Optional[bool] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
     __slots__ = ("hits", "cache_hit", "index_generation", "timings_ms")

@@ -1,0 +1,127 @@
+"""Benchmark the credibility classifier: latency of scoring a query's top 20 passages, and
+the accuracy cost of each way of making it faster.
+
+    python bench/credibility.py [--checkpoint var/models/credibility] [--index-dir var/index]
+
+Variants: fp32 and int8 dynamic quantization, each at several max lengths. Latency: one
+``predict`` call on 20 real passages (the top 20 SPLADE hits of a dev question on the index
+``make run`` built), p50/p95 over the questions, warm, on this machine's threads. Accuracy:
+AUC and precision/recall at 0.85 on the checkpoint's held-out generated pairs
+(``heldout.jsonl``; the calibration fitted for fp32 at the trained length is applied to all).
+
+Prints a table and writes ``bench/out/credibility.json``. Not a test: figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from credibility import calibration  # noqa: E402
+from credibility.model import PairClassifier  # noqa: E402
+from credibility.pairs import read_pairs  # noqa: E402
+from credibility.train import _auc  # noqa: E402
+from services.server import build_store  # noqa: E402
+from services.settings import Settings  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", default="var/models/credibility")
+    parser.add_argument("--index-dir", default="var/index")
+    parser.add_argument("--questions", default=str(ROOT.parent / "shared/eval/dev.jsonl"))
+    parser.add_argument("--limit", type=int, default=40, help="questions timed")
+    parser.add_argument("--passages", type=int, default=20)
+    parser.add_argument("--lengths", default="128,192,256")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "bench/out/credibility.json"))
+    args = parser.parse_args()
+
+    checkpoint = Path(args.checkpoint)
+    settings = Settings()
+    settings.retriever.index_dir = Path(args.index_dir)
+    settings.retriever.dense_model = ""
+    store = build_store(settings)
+    view = store.load()
+    store.encoder.warm_up()
+    lines = Path(args.questions).read_text().splitlines()
+    questions = [json.loads(line)["question"] for line in lines if line.strip()][: args.limit]
+    batches = []
+    for q in questions:
+        rows = view.sparse.search(store.encoder.encode_query(q), args.passages)
+        batches.append((q, [view.chunks[r].text for r, _ in rows]))
+    heldout = read_pairs(checkpoint / "heldout.jsonl")
+    labels = np.array([p.label for p in heldout])
+
+    results = []
+    for quantize in (False, True):
+        for length in [int(x) for x in args.lengths.split(",")]:
+            words = max(32, int(length * 0.62))  # ~1.6 word-piece tokens per word here
+            clf = PairClassifier(checkpoint, length, words, threads=args.threads, quantize=quantize)
+            clf.warm_up()
+            clf.predict(*batches[0])  # warm
+            latencies = []
+            for q, passages in batches:
+                started = time.perf_counter()
+                clf.predict(q, passages)
+                latencies.append((time.perf_counter() - started) * 1000)
+            logits = clf.pair_logits([p.query for p in heldout], [p.passage for p in heldout])
+            probs = clf.calibrator(logits)
+            at = calibration.precision_at(probs, labels, 0.85)
+            results.append(
+                {
+                    "variant": f"{'int8' if quantize else 'fp32'} len {length}",
+                    "p50_ms": round(percentile(latencies, 0.5), 1),
+                    "p95_ms": round(percentile(latencies, 0.95), 1),
+                    "auc": round(_auc(logits, labels) or 0.0, 4),
+                    "precision@0.85": None
+                    if at["precision"] is None
+                    else round(at["precision"], 3),
+                    "recall@0.85": round(at["recall"], 3),
+                    "ece": round(calibration.expected_calibration_error(probs, labels), 4),
+                }
+            )
+            print(results[-1], flush=True)
+
+    header = list(results[0])
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in results:
+        print("| " + " | ".join(str(row[h]) for h in header) + " |")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "checkpoint": str(checkpoint),
+                "passages_per_query": args.passages,
+                "queries": len(batches),
+                "heldout_pairs": len(heldout),
+                "results": results,
+            },
+            indent=1,
+        )
+    )
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""Training pairs without labels: distant supervision from an ingested corpus.
+
+For a sentence of a passage we pick an answer span (a function or option name, a number, a
+name) and turn the rest of the sentence into a question about it. Pairs, labelled by whether
+the passage contains that span:
+
+- ``positive``: the source passage (it holds the span);
+- ``near_miss``: the source passage with the answer sentence cut out — on topic, no answer,
+  the case a small generator answers anyway;
+- ``hard_negative``: passages ragline's own retrieval ranks high for the question (positive
+  when they happen to hold the span too);
+- ``random``: a passage of another document.
+
+Everything is drawn from a ``random.Random(seed)``: the same corpus and seed give the same pairs.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from credibility.pairs import Pair
+from generator.prompt import sentences
+from generator.text import STOPWORDS, stems
+from ragline.errors import FailedPrecondition
+from ragline.types import Chunk
+
+Search = Callable[[Sequence[str], int], list[list[int]]]
+"""Questions, k → for each question the rows of its top-k chunks (best first)."""
+
+_CODE = re.compile(
+    r"(?<![\w.])(?:[A-Za-z][\w]*(?:[._$][\w]+)+(?:\(\))?|[a-z]\w*\(\)|--?[a-z][\w-]{2,}"
+    r"|[A-Z][A-Z0-9]*_[A-Z0-9_]+)(?![\w])"
+)
+_NUMBER = re.compile(
+    r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:\s?(?:%|MB|GB|KB|kB|bytes|pages|words|pt|mm|cm|in|"
+    r"characters|seconds|bits|lines|columns|rows))?(?![\w])"
+)
+_NAME = re.compile(r"(?<=[a-z,;:] )(?:[A-Z][\w-]+(?: [A-Z][\w-]+)*)")
+_WH = {
+    "code": ("Which function or option", "What is the name of the command that", "Which setting"),
+    "number": ("How many", "What number", "What value"),
+    "name": ("What", "Which", "Who or what"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DistantConfig:
+    max_questions: int = 3000
+    questions_per_chunk: int = 1
+    hard_negatives: int = 2
+    random_negatives: int = 1
+    word_dropout: float = 0.4
+    min_sentence_words: int = 8
+    max_sentence_words: int = 40
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    text: str
+    answer: str
+    kind: str
+    row: int
+    sentence: str
+
+
+def answer_spans(sentence: str) -> list[tuple[str, str]]:
+    """(span, kind) candidates in a sentence, specific enough to label a passage by."""
+    spans: list[tuple[str, str]] = []
+    for match in _CODE.finditer(sentence):
+        if len(match.group()) >= 4:
+            spans.append((match.group(), "code"))
+    for match in _NUMBER.finditer(sentence):
+        text = match.group().rstrip(",")
+        digits = sum(c.isdigit() for c in text)
+        specific = digits >= 3 or not text[-1].isdigit()  # 512, 4095 bytes, 40%; not "10"
+        if specific and not _is_year_or_section(text):
+            spans.append((text, "number"))
+    taken = {span for span, _ in spans}
+    for match in _NAME.finditer(sentence):
+        name = match.group()
+        if any(name in span or span in name for span in taken):
+            continue
+        # One capitalised word is usually just a word ("Users", "Delete"): keep acronyms.
+        if len(name) >= 3 and (" " in name or name.isupper() or any(c.isdigit() for c in name)):
+            spans.append((name, "name"))
+    return spans
+
+
+def _question_worthy(sentence: str, config: DistantConfig) -> bool:
+    """Prose, not an index line, a code listing or a table of numbers."""
+    words = sentence.split()
+    if not config.min_sentence_words <= len(words) <= config.max_sentence_words:
+        return False
+    prose = sum(w.strip(".,;:()\"'").isalpha() for w in words)
+    return prose / len(words) >= 0.7
+
+
+def _is_year_or_section(text: str) -> bool:
+    return bool(re.fullmatch(r"\d+\.\d+(\.\d+)*", text))
+
+
+def make_question(sentence: str, span: str, kind: str, rng: random.Random, dropout: float) -> str:
+    """The sentence with the span removed, thinned, turned into a question."""
+    start = sentence.index(span)
+    rest = (sentence[:start] + " " + sentence[start + len(span) :]).strip()
+    words = [w.strip(".,;:()") for w in rest.split()]
+    words = [w for w in words if w]
+    kept = [w for w in words if w.lower() in STOPWORDS or rng.random() >= dropout] or words
+    clause = " ".join(kept[:30])
+    wh = rng.choice(_WH[kind])
+    if clause and clause[0].isupper() and not clause.split()[0].isupper():
+        clause = clause[0].lower() + clause[1:]
+    return f"{wh} {clause}?"
+
+
+def generate_questions(chunks: Sequence[Chunk], config: DistantConfig) -> list[Question]:
+    rng = random.Random(config.seed)
+    order = list(range(len(chunks)))
+    rng.shuffle(order)
+    questions: list[Question] = []
+    for row in order:
+        chunk = chunks[row]
+        if chunk.kind == "table":
+            candidates = [s for s in chunk.text.split("\n") if "|" in s]
+        else:
+            candidates = sentences(chunk.text)
+        candidates = [s for s in candidates if _question_worthy(s, config)]
+        rng.shuffle(candidates)
+        made = 0
+        for sentence in candidates:
+            spans = answer_spans(sentence)
+            if not spans:
+                continue
+            span, kind = rng.choice(spans)
+            text = make_question(sentence, span, kind, rng, config.word_dropout)
+            if len(text.split()) < 5:
+                continue
+            questions.append(Question(text, span, kind, row, sentence))
+            made += 1
+            if made >= config.questions_per_chunk:
+                break
+        if len(questions) >= config.max_questions:
+            break
+    return questions
+
+
+def answers_in_context(question: Question, text: str, min_overlap: float = 0.5) -> bool:
+    """The span sits in a sentence that shares at least ``min_overlap`` of the question's
+    content words: a passage that merely mentions "512" does not answer the question."""
+    asked = stems(question.text)
+    if not asked:
+        return False
+    for sentence in sentences(text):
+        if question.answer in sentence and len(asked & stems(sentence)) >= min_overlap * len(asked):
+            return True
+    return False
+
+
+def generate_pairs(
+    chunks: Sequence[Chunk], search: Search, config: DistantConfig
+) -> tuple[list[Pair], list[Question]]:
+    """Labelled pairs for the questions made from ``chunks`` (see the module docstring)."""
+    rng = random.Random(config.seed + 1)
+    questions = generate_questions(chunks, config)
+    ranked = search([q.text for q in questions], config.hard_negatives + 8)
+    pairs: list[Pair] = []
+    for n, (question, rows) in enumerate(zip(questions, ranked, strict=True)):
+        group = f"g{n}"
+        source = chunks[question.row]
+        pairs.append(Pair(question.text, source.text, 1, group, "positive"))
+        cut = source.text.replace(question.sentence, " ")
+        if question.answer not in cut and len(cut.split()) >= 20:
+            pairs.append(Pair(question.text, cut, 0, group, "near_miss"))
+        hard = [r for r in rows if r != question.row][: config.hard_negatives]
+        for row in hard:
+            text = chunks[row].text
+            if question.answer not in text:
+                pairs.append(Pair(question.text, text, 0, group, "hard_negative"))
+            elif answers_in_context(question, text):
+                pairs.append(Pair(question.text, text, 1, group, "other_positive"))
+            # else: the span occurs, in another context: ambiguous, left out
+        for _ in range(config.random_negatives):
+            row = rng.randrange(len(chunks))
+            other = chunks[row]
+            if other.doc_id != source.doc_id and question.answer not in other.text:
+                pairs.append(Pair(question.text, other.text, 0, group, "random"))
+    return pairs, questions
+
+
+def pairs_from_store(store: Any, config: DistantConfig) -> tuple[list[Pair], list[Question]]:
+    """Distant-supervision pairs from an ingested index (an ``IndexStore``): questions are
+    SPLADE-encoded and searched exactly over its chunks for the hard negatives."""
+    view = store.load()
+    if not view.chunks:
+        raise FailedPrecondition(f"the index at {store.index_dir} is empty: ingest PDFs first")
+    encoder = store.encoder
+    encoder.warm_up()
+
+    def search(queries: Sequence[str], k: int) -> list[list[int]]:
+        return [[row for row, _ in view.sparse.search(encoder.encode_query(q), k)] for q in queries]
+
+    return generate_pairs(view.chunks, search, config)

@@ -1,0 +1,190 @@
+"""The credibility classifier: a sequence-pair model scoring "this passage contains the answer".
+
+A checkpoint folder holds ``model/`` (transformers ``save_pretrained``: config, weights,
+tokenizer), ``calibration.json`` and ``report.json``. Scores are calibrated probabilities.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from credibility.calibration import FEATURES, Calibrator
+from generator.prompt import sentences
+from generator.text import stems
+from ragline.errors import FailedPrecondition
+from retriever.models import PACKAGED_SPLADE, resolve_splade
+
+logger = logging.getLogger(__name__)
+
+PACKAGED_BASE = PACKAGED_SPLADE
+"""Offline base: the 2-layer, 128-wide BERT body of the packaged SPLADE-tiny."""
+
+
+def resolve_base(name: str) -> str:
+    return resolve_splade(name) if name == PACKAGED_BASE else name
+
+
+def focus_passage(query: str, passage: str, max_words: int) -> str:
+    """The passage cut to ``max_words``, keeping the sentences that share the most words with
+    the query, in their original order: truncation drops the least relevant text first."""
+    words = passage.split()
+    if len(words) <= max_words:
+        return passage
+    parts = sentences(passage)
+    asked = stems(query)
+    overlap = [len(asked & stems(s)) for s in parts]
+    chosen: list[int] = []
+    used = 0
+    for i in sorted(range(len(parts)), key=lambda i: (-overlap[i], i)):
+        n = len(parts[i].split())
+        if used + n > max_words and chosen:
+            continue
+        chosen.append(i)
+        used += n
+        if used >= max_words:
+            break
+    return " ".join(parts[i] for i in sorted(chosen))
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / "model" / "config.json").is_file() and (path / "calibration.json").is_file()
+
+
+class PairClassifier:
+    """Batched, calibrated scoring of (query, passage) pairs on CPU.
+
+    Light ``__init__``; :meth:`warm_up` loads. ``quantize`` applies int8 dynamic quantization
+    to the linear layers (see ``bench/credibility.py`` for its speed and accuracy).
+    """
+
+    def __init__(
+        self,
+        checkpoint: Path,
+        max_length: int = 192,
+        max_words: int = 120,
+        batch_size: int = 32,
+        threads: int = 0,
+        quantize: bool = False,
+    ) -> None:
+        self.checkpoint = Path(checkpoint)
+        self.max_length = max_length
+        self.max_words = max_words
+        self.batch_size = batch_size
+        self.threads = threads
+        self.quantize = quantize
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self.calibrator = Calibrator()
+        self.report: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def model_id(self) -> str:
+        if not self.report and (self.checkpoint / "report.json").is_file():
+            self.report = json.loads((self.checkpoint / "report.json").read_text())
+        return str(self.report.get("model_id") or self.checkpoint.name)
+
+    def warm_up(self) -> None:
+        with self._lock:
+            if self._model is not None:
+                return
+            if not is_checkpoint(self.checkpoint):
+                raise FailedPrecondition(
+                    f"no credibility checkpoint at {self.checkpoint}; train one with "
+                    "`ragline credibility train` (make run does it after ingest)"
+                )
+            import torch
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            if self.threads > 0:
+                torch.set_num_threads(self.threads)
+            folder = self.checkpoint / "model"
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+            model = AutoModelForSequenceClassification.from_pretrained(folder)
+            model.eval()
+            if self.quantize:
+                model = torch.ao.quantization.quantize_dynamic(
+                    model, {torch.nn.Linear}, dtype=torch.qint8
+                )
+            self.calibrator = Calibrator.from_json(
+                json.loads((self.checkpoint / "calibration.json").read_text())
+            )
+            report = self.checkpoint / "report.json"
+            self.report = json.loads(report.read_text()) if report.is_file() else {}
+            self._tokenizer = tokenizer
+            self._model = model
+            logger.info("credibility classifier loaded from %s", self.checkpoint)
+
+    def logits(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        return self.pair_logits([query] * len(passages), passages)
+
+    def pair_logits(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+        """Raw logits for (query, passage) pairs, in batches."""
+        if self._model is None:
+            self.warm_up()
+        if not passages:
+            return np.zeros(0, dtype=np.float64)
+        import torch
+
+        out = []
+        texts = [
+            focus_passage(q, p, self.max_words) for q, p in zip(queries, passages, strict=True)
+        ]
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                end = start + self.batch_size
+                batch = encode_pairs(
+                    self._tokenizer, queries[start:end], texts[start:end], self.max_length
+                )
+                out.append(self._model(**batch).logits[:, 0].float().numpy())
+        return np.concatenate(out).astype(np.float64)
+
+    def features(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+        """The feature matrix the calibrator reads, columns in ``FEATURES`` order."""
+        logits = self.pair_logits(queries, passages)
+        lexical = np.array([coverage(q, p) for q, p in zip(queries, passages, strict=True)])
+        return np.c_[logits, lexical.reshape(len(passages), 2)]
+
+    def predict(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        """Calibrated probability per passage that it contains the answer."""
+        return self.predict_pairs([query] * len(passages), passages)
+
+    def predict_pairs(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+        if self._model is None:
+            self.warm_up()
+        if not passages:
+            return np.zeros(0, dtype=np.float64)
+        columns = [FEATURES.index(name) for name in self.calibrator.features]
+        return self.calibrator(self.features(queries, passages)[:, columns])
+
+
+def coverage(query: str, passage: str) -> tuple[float, float]:
+    """Lexical entailment: the share of the query's content stems found in the passage's best
+    sentence, and in its second best."""
+    asked = stems(query)
+    if not asked:
+        return (0.0, 0.0)
+    shares = sorted((len(asked & stems(s)) / len(asked) for s in sentences(passage)), reverse=True)
+    shares += [0.0, 0.0]
+    return (shares[0], shares[1])
+
+
+def encode_pairs(
+    tokenizer: Any, queries: Sequence[str], passages: Sequence[str], max_length: int
+) -> Any:
+    """Tokenise pairs, truncating only the passage: the query is always read whole."""
+    return tokenizer(
+        list(queries),
+        list(passages),
+        truncation="only_second",
+        max_length=max_length,
+        padding=True,
+        return_tensors="pt",
+    )

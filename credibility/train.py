@@ -1,0 +1,209 @@
+"""Training the credibility classifier: pairs → fine-tuned pair model → calibration → report.
+
+``train`` is deterministic for a seed on a given machine: the split, the order of batches and
+the initialisation of the classification head all come from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from credibility import calibration
+from credibility.calibration import FEATURES, Method
+from credibility.model import PACKAGED_BASE, coverage, encode_pairs, focus_passage, resolve_base
+from credibility.pairs import Pair, write_pairs
+from ragline.errors import InvalidArgument
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    base: str = PACKAGED_BASE
+    epochs: int = 2
+    batch_size: int = 32
+    learning_rate: float = 2e-4
+    max_length: int = 192
+    max_words: int = 120
+    holdout: float = 0.2
+    """Share of question groups held out: half calibrates, half measures."""
+    calibration: Method = "isotonic"
+    lexical: bool = True
+    """Calibrate on the model's logit plus the lexical-entailment features (see
+    ``credibility.calibration``); False = temperature scaling of the logit alone."""
+    seed: int = 0
+    threads: int = 0
+
+
+def split_groups(pairs: Sequence[Pair], holdout: float, seed: int) -> tuple[list, list, list]:
+    groups = sorted({p.group for p in pairs})
+    random.Random(seed).shuffle(groups)
+    n_out = max(2, int(len(groups) * holdout))
+    calib = set(groups[: n_out // 2])
+    test = set(groups[n_out // 2 : n_out])
+    train = [p for p in pairs if p.group not in calib and p.group not in test]
+    return (
+        train,
+        [p for p in pairs if p.group in calib],
+        [p for p in pairs if p.group in test],
+    )
+
+
+def train(
+    pairs: Sequence[Pair],
+    out: Path,
+    config: TrainConfig | None = None,
+    progress: Progress | None = None,
+    extra_report: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Fine-tune, calibrate and write a checkpoint folder to ``out`` (atomically replaced)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    transformers.logging.set_verbosity_error()  # the new head's "MISSING" weights are expected
+    config = config or TrainConfig()
+    if len({p.label for p in pairs}) < 2:
+        raise InvalidArgument.for_field("pairs", "need both positive and negative pairs")
+    started = time.perf_counter()
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    train_set, calib_set, test_set = split_groups(pairs, config.holdout, config.seed)
+    base = resolve_base(config.base)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
+    texts = {id(p): focus_passage(p.query, p.passage, config.max_words) for p in pairs}
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+    steps_per_epoch = (len(train_set) + config.batch_size - 1) // config.batch_size
+    total = steps_per_epoch * config.epochs
+    warmup = max(1, total // 10)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / (total - warmup)))
+    )
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    rng = random.Random(config.seed)
+    step = 0
+    losses: list[float] = []
+    model.train()
+    for _epoch in range(config.epochs):
+        order = list(train_set)
+        rng.shuffle(order)
+        for start in range(0, len(order), config.batch_size):
+            batch = order[start : start + config.batch_size]
+            inputs = encode_pairs(
+                tokenizer,
+                [p.query for p in batch],
+                [texts[id(p)] for p in batch],
+                config.max_length,
+            )
+            labels = torch.tensor([float(p.label) for p in batch])
+            loss = loss_fn(model(**inputs).logits[:, 0], labels)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            losses.append(float(loss.detach()))
+            step += 1
+            if progress:
+                progress(step, total)
+    model.eval()
+    train_seconds = time.perf_counter() - started
+
+    def features_of(subset: Sequence[Pair]) -> np.ndarray:
+        logits = []
+        with torch.inference_mode():
+            for start in range(0, len(subset), 64):
+                batch = subset[start : start + 64]
+                inputs = encode_pairs(
+                    tokenizer,
+                    [p.query for p in batch],
+                    [texts[id(p)] for p in batch],
+                    config.max_length,
+                )
+                logits.append(model(**inputs).logits[:, 0].numpy())
+        lexical = np.array([coverage(p.query, p.passage) for p in subset]).reshape(-1, 2)
+        return np.c_[np.concatenate(logits).astype(np.float64) if logits else np.zeros(0), lexical]
+
+    names = FEATURES if config.lexical else ("logit",)
+    columns = [FEATURES.index(n) for n in names]
+    calib_x, test_x = features_of(calib_set), features_of(test_set)
+    calib_labels = np.array([p.label for p in calib_set])
+    test_labels = np.array([p.label for p in test_set])
+    calibrator = calibration.fit(calib_x[:, columns], calib_labels, config.calibration, names)
+    test_logits = test_x[:, 0]
+    raw = 1 / (1 + np.exp(-test_logits))
+    calibrated = calibrator(test_x[:, columns])
+
+    report: dict[str, Any] = {
+        "model_id": f"ragline-credibility:{Path(base).name}:seed{config.seed}",
+        "config": asdict(config),
+        "pairs": {
+            "train": len(train_set),
+            "calibration": len(calib_set),
+            "test": len(test_set),
+            "by_source": dict(Counter(p.source for p in pairs)),
+            "positive_share": float(np.mean([p.label for p in pairs])),
+        },
+        "train_seconds": round(train_seconds, 1),
+        "final_loss": float(np.mean(losses[-20:])) if losses else None,
+        "test": {
+            "auc_model": _auc(test_logits, test_labels),
+            "auc": _auc(calibrated, test_labels),
+            "accuracy@0.5": float(np.mean((calibrated >= 0.5) == test_labels)),
+            "ece_uncalibrated": calibration.expected_calibration_error(raw, test_labels),
+            "ece_calibrated": calibration.expected_calibration_error(calibrated, test_labels),
+            "at_0.85": calibration.precision_at(calibrated, test_labels, 0.85),
+            "at_0.5": calibration.precision_at(calibrated, test_labels, 0.5),
+            "reliability": calibration.reliability(calibrated, test_labels),
+        },
+        **(extra_report or {}),
+    }
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "model").mkdir(parents=True)
+    model.save_pretrained(tmp / "model")
+    tokenizer.save_pretrained(tmp / "model")
+    (tmp / "calibration.json").write_text(json.dumps(calibrator.to_json(), indent=1))
+    (tmp / "report.json").write_text(json.dumps(report, indent=1))
+    write_pairs(tmp / "heldout.jsonl", test_set)  # what bench/credibility.py measures on
+    calibration.plot_reliability(
+        {
+            "uncalibrated": calibration.reliability(raw, test_labels),
+            f"calibrated ({config.calibration})": report["test"]["reliability"],
+        },
+        tmp / "reliability.png",
+        "Credibility classifier, held-out generated pairs",
+    )
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return report
+
+
+def _auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    if not len(pos) or not len(neg):
+        return None
+    ranks = np.argsort(np.argsort(np.concatenate([pos, neg]))) + 1
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))

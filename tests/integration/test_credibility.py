@@ -1,0 +1,221 @@
+"""The credibility classifier for real: trained here by distant supervision on a real R manual,
+loaded into real gRPC servers, and the pipeline's behaviour when it is down."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from credibility.distant import DistantConfig, pairs_from_store
+from credibility.model import PairClassifier, is_checkpoint
+from credibility.train import TrainConfig, train
+from ingest.batch import run_batch
+from ingest.chunker import ChunkerConfig
+from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from services.server import RunningServer, build_gateway, start_server
+from services.settings import Settings
+from tests.conftest import make_settings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def rdata_store(
+    r_manuals: Path, encoder: SpladeEncoder, tmp_path_factory: pytest.TempPathFactory
+) -> IndexStore:
+    store = IndexStore(tmp_path_factory.mktemp("cred-index"), encoder)
+    store.load()
+    report = run_batch([r_manuals / "R-data.pdf"], store, ChunkerConfig(), None, False)
+    assert report.count("failed") == 0
+    return store
+
+
+@pytest.fixture(scope="module")
+def checkpoint(rdata_store: IndexStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pairs, _ = pairs_from_store(rdata_store, DistantConfig(max_questions=400, seed=0))
+    out = tmp_path_factory.mktemp("cred") / "model"
+    train(pairs, out, TrainConfig(epochs=2, seed=0, threads=2))
+    return out
+
+
+def test_training_writes_a_calibrated_checkpoint(checkpoint: Path) -> None:
+    assert is_checkpoint(checkpoint)
+    for name in ("reliability.png", "heldout.jsonl", "report.json"):
+        assert (checkpoint / name).stat().st_size > 0
+    report = json.loads((checkpoint / "report.json").read_text())
+    test = report["test"]
+    # Held-out generated questions (groups never seen in training): it learned something real.
+    assert test["auc"] >= 0.75, test
+    assert test["ece_calibrated"] <= test["ece_uncalibrated"] + 0.02, test
+    assert report["pairs"]["by_source"]["near_miss"] > 0
+
+
+def test_the_passage_with_the_answer_outscores_its_near_miss(checkpoint: Path) -> None:
+    clf = PairClassifier(checkpoint, threads=2)
+    question = "Which function reads fixed width format files?"
+    with_answer = (
+        "Sometimes data files have no field delimiters but have fields in pre-specified "
+        "columns. Function read.fwf provides a simple way to read such files, specifying a "
+        "vector of field widths."
+    )
+    without = (
+        "Sometimes data files have no field delimiters but have fields in pre-specified "
+        "columns. This was very common in the days of punched cards."
+    )
+    off_topic = "Bread needs flour, water and salt; bake it for forty minutes in a hot oven."
+    probs = clf.predict(question, [with_answer, without, off_topic])
+    assert all(0.0 <= p <= 1.0 for p in probs)
+    assert probs[0] > probs[1] and probs[0] > probs[2], probs
+
+
+def test_same_seed_same_model(rdata_store: IndexStore, tmp_path: Path) -> None:
+    pairs, _ = pairs_from_store(rdata_store, DistantConfig(max_questions=30, seed=7))
+    again, _ = pairs_from_store(rdata_store, DistantConfig(max_questions=30, seed=7))
+    assert pairs == again
+    config = TrainConfig(epochs=1, seed=7, threads=2)
+    train(pairs, tmp_path / "a", config)
+    train(pairs, tmp_path / "b", config)
+    a = json.loads((tmp_path / "a" / "report.json").read_text())
+    b = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert a["final_loss"] == b["final_loss"]
+    assert (tmp_path / "a" / "calibration.json").read_text() == (
+        tmp_path / "b" / "calibration.json"
+    ).read_text()
+
+
+# -- in the service ----------------------------------------------------------------------------
+async def _serve(settings: Settings, shared: RunningServer) -> RunningServer:
+    """A second server over the session server's index and generator (no second engine)."""
+    gateway = build_gateway(settings, shared.gateway.store)
+    gateway.generator = shared.gateway.generator
+    return await start_server(settings, gateway)
+
+
+async def _stop(running: RunningServer) -> None:
+    # Not running.stop(): that would close the shared generator's engine.
+    await running.server.stop(0)
+    if running.gateway.retriever.cache is not None:
+        await running.gateway.retriever.cache.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def classifier_server(
+    server: RunningServer, checkpoint: Path, tmp_path: Path, redis_url: str
+) -> AsyncIterator[RunningServer]:
+    settings = make_settings(tmp_path, redis_url)
+    settings.credibility.backend = "classifier"
+    settings.credibility.model_dir = checkpoint
+    running = await _serve(settings, server)
+    yield running
+    await _stop(running)
+
+
+async def test_retrieve_and_score_carry_calibrated_scores(
+    classifier_server: RunningServer,
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{classifier_server.port}") as channel:
+        public = ragline_pb2_grpc.RaglineStub(channel)
+        found = await public.Retrieve(
+            ragline_pb2.RetrieveRequest(
+                query="Which variable gives the site configuration file?", k=4, score_evidence=True
+            ),
+            timeout=60,
+        )
+        assert found.hits
+        assert all(0.0 <= h.stage_scores["credibility"] <= 1.0 for h in found.hits)
+        assert "credibility" in found.timings_ms
+        stage = stages_pb2_grpc.CredibilityServiceStub(channel)
+        scored = await stage.Score(
+            stages_pb2.ScoreRequest(query="frobctl install", hits=found.hits), timeout=60
+        )
+        assert scored.threshold == pytest.approx(0.85)
+        assert list(scored.kept) == [s >= 0.85 for s in scored.scores]
+        # a per-request threshold outside [0.5, 0.99] is refused, naming the field
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await public.Answer(ragline_pb2.AnswerRequest(query="frobctl", threshold=0.2))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "threshold" in (err.value.details() or "")
+        stats = await public.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)
+        assert stats.models["evidence_filter"] == "credibility"
+
+
+async def test_answer_with_the_classifier_keeps_only_passages_above_threshold(
+    classifier_server: RunningServer,
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{classifier_server.port}") as channel:
+        public = ragline_pb2_grpc.RaglineStub(channel)
+        reply = await public.Answer(
+            ragline_pb2.AnswerRequest(query="How much disk space does the installer need?"),
+            timeout=120,
+        )
+        assert all(e.stage_scores["credibility"] >= 0.85 for e in reply.evidence)
+        if not reply.evidence:
+            assert reply.insufficient and reply.reason == "no_evidence"
+        assert "credibility_ms" in reply.timings_ms
+
+
+async def test_credibility_down_means_unavailable_for_answer_not_retrieve(
+    server: RunningServer, tmp_path: Path, redis_url: str
+) -> None:
+    """A remote credibility service that is down: Answer refuses (UNAVAILABLE, with retry
+    info) rather than pass unfiltered evidence on; Retrieve still answers, unscored."""
+    settings = make_settings(tmp_path, redis_url)
+    settings.credibility.address = "127.0.0.1:1"  # nothing listens there
+    settings.credibility.timeout_s = 0.5
+    running = await _serve(settings, server)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            public = ragline_pb2_grpc.RaglineStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await public.Answer(ragline_pb2.AnswerRequest(query="frobctl install"), timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            status = rpc_status.from_call(err.value)
+            assert status is not None
+            assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in status.details)
+            found = await public.Retrieve(
+                ragline_pb2.RetrieveRequest(query="frobctl install", k=3, score_evidence=True),
+                timeout=30,
+            )
+            assert found.hits and all("credibility" not in h.stage_scores for h in found.hits)
+    finally:
+        await _stop(running)
+
+
+async def test_remote_credibility_service_and_the_documented_fallback(
+    classifier_server: RunningServer, server: RunningServer, tmp_path: Path, redis_url: str
+) -> None:
+    # A gateway whose filter is the classifier server's CredibilityService, over gRPC.
+    settings = make_settings(tmp_path / "remote", redis_url)
+    settings.credibility.address = f"127.0.0.1:{classifier_server.port}"
+    remote = await _serve(settings, server)
+    # And one configured to fall back to the SPLADE floor when its service is down.
+    settings = make_settings(tmp_path / "fallback", redis_url)
+    settings.credibility.address = "127.0.0.1:1"
+    settings.credibility.timeout_s = 0.5
+    settings.credibility.on_unavailable = "score_floor"
+    fallback = await _serve(settings, server)
+    try:
+        question = "Which environment variable gives the site configuration file?"
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{remote.port}") as channel:
+            public = ragline_pb2_grpc.RaglineStub(channel)
+            found = await public.Retrieve(
+                ragline_pb2.RetrieveRequest(query=question, k=3, score_evidence=True), timeout=60
+            )
+            assert all(0.0 <= h.stage_scores["credibility"] <= 1.0 for h in found.hits)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{fallback.port}") as channel:
+            public = ragline_pb2_grpc.RaglineStub(channel)
+            reply = await public.Answer(ragline_pb2.AnswerRequest(query=question), timeout=120)
+            assert reply.evidence and all("score_floor" in e.stage_scores for e in reply.evidence)
+        assert fallback.gateway.filter_fallbacks >= 1
+    finally:
+        await _stop(remote)
+        await _stop(fallback)

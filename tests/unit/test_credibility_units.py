@@ -1,0 +1,248 @@
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from credibility import calibration
+from credibility.distant import (
+    DistantConfig,
+    answer_spans,
+    answers_in_context,
+    generate_pairs,
+    generate_questions,
+    make_question,
+)
+from credibility.model import focus_passage
+from credibility.pairs import Pair, read_pairs, write_pairs
+from credibility.train import split_groups
+from ragline.errors import InvalidArgument
+from ragline.types import Chunk
+
+pytestmark = pytest.mark.unit
+
+
+# -- calibration -------------------------------------------------------------------------------
+def test_isotonic_fit_is_monotone_and_matches_rates() -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(0, 1, 4000)
+    labels = (rng.uniform(0, 1, 4000) < scores**2).astype(float)  # true rate: score squared
+    xs, ys = calibration.isotonic(scores, labels)
+    assert all(b >= a for a, b in zip(ys, ys[1:], strict=False))
+    fitted = np.interp([0.3, 0.6, 0.9], xs, ys)
+    assert fitted == pytest.approx([0.09, 0.36, 0.81], abs=0.08)
+
+
+def test_temperature_scaling_recovers_an_overconfident_model() -> None:
+    rng = np.random.default_rng(1)
+    true_logit = rng.normal(0, 2, 5000)
+    labels = (rng.uniform(0, 1, 5000) < 1 / (1 + np.exp(-true_logit))).astype(float)
+    overconfident = true_logit * 3  # temperature 3
+    cal = calibration.fit(overconfident, labels, "temperature")
+    assert cal.temperature == pytest.approx(3.0, rel=0.15)
+    before = calibration.expected_calibration_error(1 / (1 + np.exp(-overconfident)), labels)
+    after = calibration.expected_calibration_error(cal(overconfident), labels)
+    assert after < before / 2
+    # the JSON round trip applies the same function
+    again = calibration.Calibrator.from_json(json.loads(json.dumps(cal.to_json())))
+    assert np.allclose(again(overconfident[:50]), cal(overconfident[:50]))
+
+
+def test_stacked_calibration_uses_every_feature() -> None:
+    rng = np.random.default_rng(2)
+    logit = rng.normal(0, 1, 4000)
+    cover = rng.uniform(0, 1, 4000)
+    truth = 1 / (1 + np.exp(-(0.5 * logit + 4 * cover - 2)))
+    labels = (rng.uniform(0, 1, 4000) < truth).astype(float)
+    names = ("logit", "coverage")
+    cal = calibration.fit(np.c_[logit, cover], labels, "temperature", names)
+    assert cal.weights == pytest.approx([0.5, 4.0], abs=0.35)
+    assert cal.bias == pytest.approx(-2.0, abs=0.35)
+    iso = calibration.fit(np.c_[logit, cover], labels, "isotonic", names)
+    probs = iso(np.c_[logit, cover])
+    assert calibration.expected_calibration_error(probs, labels) < 0.03
+    assert calibration.Calibrator.from_json(iso.to_json()).features == names
+
+
+def test_precision_at_and_reliability_bins() -> None:
+    probs = [0.9, 0.95, 0.86, 0.2, 0.1, 0.88]
+    labels = [1, 1, 0, 0, 0, 1]
+    at = calibration.precision_at(probs, labels, 0.85)
+    assert at["kept"] == 4
+    assert at["precision"] == pytest.approx(0.75)
+    assert at["recall"] == pytest.approx(1.0)
+    rows = calibration.reliability(probs, labels, bins=10)
+    assert sum(r["count"] for r in rows) == 6
+
+
+def test_reliability_png_is_written(tmp_path: Path) -> None:
+    rows = calibration.reliability([0.1, 0.5, 0.9], [0, 1, 1])
+    path = calibration.plot_reliability({"x": rows}, tmp_path / "r.png", "t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- pair formats ------------------------------------------------------------------------------
+def test_jsonl_round_trip_and_bad_rows(tmp_path: Path) -> None:
+    pairs = [Pair("q1", "p1", 1, "a", "positive"), Pair("q1", "p2", 0, "a", "random")]
+    path = tmp_path / "pairs.jsonl"
+    assert write_pairs(path, pairs) == 2
+    assert read_pairs(path) == pairs
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "q", "passage": "p", "label": 3}\n')
+    with pytest.raises(InvalidArgument, match="label must be 0 or 1"):
+        read_pairs(bad)
+    one_class = tmp_path / "one.jsonl"
+    one_class.write_text('{"query": "q", "passage": "p", "label": 1}\n')
+    with pytest.raises(InvalidArgument, match="both positive and negative"):
+        read_pairs(one_class)
+
+
+def test_squad_v2_gives_positives_impossible_and_other_paragraph_negatives(tmp_path: Path) -> None:
+    squad = {
+        "version": "v2.0",
+        "data": [
+            {
+                "title": "R",
+                "paragraphs": [
+                    {
+                        "context": "read.fwf reads fixed width files.",
+                        "qas": [
+                            {
+                                "id": "1",
+                                "question": "Which function reads fixed width files?",
+                                "answers": [{"text": "read.fwf", "answer_start": 0}],
+                                "is_impossible": False,
+                            },
+                            {
+                                "id": "2",
+                                "question": "Who wrote read.fwf?",
+                                "answers": [],
+                                "is_impossible": True,
+                            },
+                        ],
+                    },
+                    {"context": "scan reads data into a vector.", "qas": []},
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "train-v2.0.json"
+    path.write_text(json.dumps(squad))
+    pairs = read_pairs(path)
+    assert [(p.group, p.label, p.source) for p in pairs] == [
+        ("1", 1, "squad_answer"),
+        ("1", 0, "squad_other"),
+        ("2", 0, "squad_impossible"),
+    ]
+
+
+def test_msmarco_triples(tmp_path: Path) -> None:
+    path = tmp_path / "triples.tsv"
+    path.write_text("what is r\tR is a language\tbread is food\n")
+    pairs = read_pairs(path)
+    assert [(p.label, p.passage) for p in pairs] == [(1, "R is a language"), (0, "bread is food")]
+    path.write_text("only two\tcolumns\n")
+    with pytest.raises(InvalidArgument, match="expected query"):
+        read_pairs(path)
+
+
+# -- distant supervision -----------------------------------------------------------------------
+def test_answer_spans_prefer_specific_tokens() -> None:
+    sentence = "Function read.fwf reads files of up to 4095 bytes, set by R_MAX_LINE in 10 ways."
+    spans = dict(answer_spans(sentence))
+    assert spans["read.fwf"] == "code"
+    assert spans["R_MAX_LINE"] == "code"
+    assert spans["4095 bytes"] == "number"
+    assert "10" not in spans  # too generic to label a passage by
+
+
+def test_make_question_removes_the_answer_and_is_seeded() -> None:
+    sentence = "The location of the site file is taken from the R_PROFILE environment variable."
+    q1 = make_question(sentence, "R_PROFILE", "code", random.Random(3), 0.2)
+    q2 = make_question(sentence, "R_PROFILE", "code", random.Random(3), 0.2)
+    assert q1 == q2
+    assert "R_PROFILE" not in q1
+    assert q1.endswith("?")
+
+
+CHUNKS = [
+    Chunk(
+        "c0",
+        "d0",
+        0,
+        "Reading data. The function read.fwf reads fixed width format files where every field "
+        "has a fixed width in columns. It is slow on large inputs. Use the widths argument to "
+        "give the field widths. Many other readers exist for other file formats in R today.",
+        (1,),
+    ),
+    Chunk(
+        "c1",
+        "d0",
+        1,
+        "Fixed width files are common in older data sets. They have no separators between "
+        "fields, so each reader must know the widths of every column before reading a line.",
+        (2,),
+    ),
+    Chunk(
+        "c2",
+        "d1",
+        0,
+        "Bread needs flour, water and salt. Bake it in a hot oven for forty minutes until "
+        "the crust is brown and it sounds hollow when tapped on the bottom.",
+        (1,),
+    ),
+]
+
+
+def _overlap_search(queries: list[str], k: int) -> list[list[int]]:
+    def words(text: str) -> set[str]:
+        return {w.lower().strip(".,?") for w in text.split()}
+
+    out = []
+    for q in queries:
+        ranked = sorted(range(len(CHUNKS)), key=lambda r: -len(words(q) & words(CHUNKS[r].text)))
+        out.append(ranked[:k])
+    return out
+
+
+def test_generated_pairs_label_by_the_answer_span() -> None:
+    config = DistantConfig(max_questions=10, random_negatives=2, seed=0)
+    pairs, questions = generate_pairs(CHUNKS, _overlap_search, config)
+    assert questions and all(q.answer in CHUNKS[q.row].text for q in questions)
+    for pair in pairs:
+        if pair.label == 1:
+            assert any(q.answer in pair.passage for q in questions if q.text == pair.query)
+    sources = {p.source for p in pairs}
+    assert {"positive", "near_miss", "hard_negative"} <= sources
+    near = [p for p in pairs if p.source == "near_miss"]
+    assert all(p.label == 0 and "read.fwf" not in p.passage for p in near)
+    # deterministic for a seed
+    again, _ = generate_pairs(CHUNKS, _overlap_search, config)
+    assert again == pairs
+
+
+def test_answers_in_context_needs_the_question_words_around_the_span() -> None:
+    q = generate_questions(CHUNKS, DistantConfig(seed=0))[0]
+    assert answers_in_context(q, CHUNKS[q.row].text)
+    assert not answers_in_context(q, f"An index entry: {q.answer} 12, 40.")
+
+
+def test_split_keeps_groups_whole() -> None:
+    pairs = [Pair(f"q{g}", f"p{i}", i % 2, f"g{g}") for g in range(50) for i in range(4)]
+    train, calib, test = split_groups(pairs, 0.2, seed=0)
+    groups = [{p.group for p in part} for part in (train, calib, test)]
+    assert not (groups[0] & groups[1]) and not (groups[0] & groups[2])
+    assert not (groups[1] & groups[2])
+    assert len(train) + len(calib) + len(test) == len(pairs)
+    assert len(groups[1]) == 5 and len(groups[2]) == 5
+
+
+def test_focus_passage_keeps_the_query_relevant_sentences() -> None:
+    passage = " ".join(f"Sentence {i} is about nothing much at all." for i in range(30))
+    passage += " The widths argument of read.fwf gives field widths."
+    cut = focus_passage("what does the widths argument of read.fwf give", passage, 30)
+    assert "read.fwf" in cut
+    assert len(cut.split()) <= 40
