@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -197,7 +198,7 @@ CHUNKS = [
 ]
 
 
-def _overlap_search(queries: list[str], k: int) -> list[list[int]]:
+def _overlap_search(queries: Sequence[str], k: int) -> list[list[int]]:
     def words(text: str) -> set[str]:
         return {w.lower().strip(".,?") for w in text.split()}
 
