@@ -20,7 +20,7 @@ from numpy.typing import ArrayLike
 
 Method = Literal["temperature", "isotonic"]
 
-FEATURES = ("logit", "coverage", "coverage_2nd")
+FEATURES = ("logit", "coverage", "coverage_2nd", "coverage_passage", "answer_type")
 """Every feature a calibrator may use, in the order of the feature matrix."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from credibility.calibration import FEATURES, Calibrator
+from credibility.lexical import features as lexical_features
 from generator.prompt import sentences
 from generator.text import stems
 from ragline.errors import FailedPrecondition
@@ -149,8 +150,8 @@ class PairClassifier:
     def features(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
         """The feature matrix the calibrator reads, columns in ``FEATURES`` order."""
         logits = self.pair_logits(queries, passages)
-        lexical = np.array([coverage(q, p) for q, p in zip(queries, passages, strict=True)])
-        return np.c_[logits, lexical.reshape(len(passages), 2)]
+        lexical = np.array([lexical_features(q, p) for q, p in zip(queries, passages, strict=True)])
+        return np.c_[logits, lexical.reshape(len(passages), len(FEATURES) - 1)]
 
     def predict(self, query: str, passages: Sequence[str]) -> np.ndarray:
         """Calibrated probability per passage that it contains the answer."""
@@ -163,17 +164,6 @@ class PairClassifier:
             return np.zeros(0, dtype=np.float64)
         columns = [FEATURES.index(name) for name in self.calibrator.features]
         return self.calibrator(self.features(queries, passages)[:, columns])
-
-
-def coverage(query: str, passage: str) -> tuple[float, float]:
-    """Lexical entailment: the share of the query's content stems found in the passage's best
-    sentence, and in its second best."""
-    asked = stems(query)
-    if not asked:
-        return (0.0, 0.0)
-    shares = sorted((len(asked & stems(s)) / len(asked) for s in sentences(passage)), reverse=True)
-    shares += [0.0, 0.0]
-    return (shares[0], shares[1])
 
 
 def encode_pairs(

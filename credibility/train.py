@@ -21,7 +21,8 @@ import numpy as np
 
 from credibility import calibration
 from credibility.calibration import FEATURES, Method
-from credibility.model import PACKAGED_BASE, coverage, encode_pairs, focus_passage, resolve_base
+from credibility.lexical import features as lexical_features
+from credibility.model import PACKAGED_BASE, encode_pairs, focus_passage, resolve_base
 from credibility.pairs import Pair, write_pairs
 from ragline.errors import InvalidArgument
 
@@ -33,7 +34,7 @@ Progress = Callable[[int, int], None]
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
     base: str = PACKAGED_BASE
-    epochs: int = 2
+    epochs: int = 3
     batch_size: int = 32
     learning_rate: float = 2e-4
     max_length: int = 192
@@ -139,7 +140,9 @@ def train(
                     config.max_length,
                 )
                 logits.append(model(**inputs).logits[:, 0].numpy())
-        lexical = np.array([coverage(p.query, p.passage) for p in subset]).reshape(-1, 2)
+        lexical = np.array([lexical_features(p.query, p.passage) for p in subset]).reshape(
+            -1, len(FEATURES) - 1
+        )
         return np.c_[np.concatenate(logits).astype(np.float64) if logits else np.zeros(0), lexical]
 
     names = FEATURES if config.lexical else ("logit",)

@@ -231,6 +231,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
             max_questions=args.max_questions,
             questions_per_chunk=args.questions_per_chunk,
             word_dropout=args.word_dropout,
+            answer_deleted_rate=args.answer_deleted_rate,
             seed=args.seed,
         )
         generated, questions = pairs_from_store(store, config)
@@ -408,12 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with-corpus", action="store_true", help="with --pairs, also use the index")
     p.add_argument("--out", help="checkpoint folder (default: RAGLINE_CREDIBILITY_MODEL_DIR)")
     p.add_argument("--seed", type=int, default=0, help="seed for questions, split and training")
-    p.add_argument("--epochs", type=int, default=2, help="training epochs (default 2)")
+    p.add_argument("--epochs", type=int, default=3, help="training epochs (default 3)")
     p.add_argument(
         "--max-questions",
         type=int,
-        default=3000,
-        help="questions generated from the corpus (default 3000, ~5 pairs each)",
+        default=4000,
+        help="questions generated from the corpus (default 4000, ~4 pairs each)",
     )
     p.add_argument(
         "--questions-per-chunk", type=int, default=2, help="at most this many per passage"
@@ -424,6 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.4,
         help="share of a source sentence's content words left out of its generated question, "
         "so questions do not simply copy the passage (default 0.4)",
+    )
+    p.add_argument(
+        "--answer-deleted-rate",
+        type=float,
+        default=0.0,
+        help="share of questions that also get a negative made by blanking the answer in its "
+        "own sentence (hardest negatives; default 0: too hard for the packaged base model)",
     )
     p.add_argument("--base", help="base checkpoint (default: the packaged SPLADE-tiny BERT body)")
     p.add_argument(

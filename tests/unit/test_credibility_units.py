@@ -247,3 +247,22 @@ def test_focus_passage_keeps_the_query_relevant_sentences() -> None:
     cut = focus_passage("what does the widths argument of read.fwf give", passage, 30)
     assert "read.fwf" in cut
     assert len(cut.split()) <= 40
+
+
+def test_lexical_features_see_coverage_and_the_asked_kind() -> None:
+    from credibility.lexical import expected_kind, features
+
+    assert expected_kind("Who wrote the R FAQ?") == "name"
+    assert expected_kind("How many bytes does a node occupy?") == "number"
+    assert expected_kind("Which environment variable sets the profile file?") == "code"
+    assert expected_kind("Why is the sky blue?") == ""
+    q = "Which environment variable gives the location of the site profile file?"
+    answer = (
+        "The location of the site profile file is taken from the R_PROFILE environment variable."
+    )
+    blanked = "The location of the site profile file is taken from an environment variable."
+    best, second, whole, typed = features(q, answer + " Other text follows here.")
+    assert best >= 0.8 and whole >= best and second < best
+    assert typed == 1.0
+    assert features(q, blanked)[3] == 0.0  # on topic, but no identifier to answer with
+    assert features("Why is the sky blue?", answer)[3] == 0.5

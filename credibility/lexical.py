@@ -1,0 +1,72 @@
+"""Lexical-entailment features of a (question, passage) pair, beside the pair model's logit.
+
+- ``coverage``: the share of the question's content stems in the passage's best sentence, in
+  its second best, and anywhere in the passage;
+- ``answer_type``: whether the best sentence (with the one after it) holds a token of the kind
+  the question asks for — a number for "how many", an identifier for "which function /
+  variable / option", a name for "who" — that the question does not already contain.
+  0.5 when the question asks for no particular kind.
+"""
+
+from __future__ import annotations
+
+import re
+
+from generator.prompt import sentences
+from generator.text import stems
+
+_NUMBER_Q = re.compile(
+    r"\bhow (?:many|much|long|large|big|old|often)\b|\bwhat (?:number|value|size|percentage|"
+    r"version|year|length|limit|width|height|margin)s?\b|\bwhich (?:version|year)\b"
+    r"|\bin what year\b",
+    re.I,
+)
+_CODE_Q = re.compile(
+    r"\b(?:function|variable|option|command|macro|field|argument|package|setting|class|file|"
+    r"method|flag|directive|environment|keyword|value)s?\b",
+    re.I,
+)
+_PERSON_Q = re.compile(r"^\s*who\b|\bwho (?:wrote|was|is|are|created|maintains|provides)\b", re.I)
+
+_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?![\w])")
+_CODE = re.compile(
+    r"(?<![\w])(?:[A-Za-z][\w]*(?:[._$][\w]+)+(?:\(\))?|[a-z]\w*\(\)|--?[a-z][\w-]{2,}"
+    r"|[A-Z][A-Z0-9]*_[A-Z0-9_]+|[A-Z]{2,}[0-9]*|\\[A-Za-z]+|[a-z]+[A-Z]\w*)(?![\w])"
+)
+_NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z]\.)?\s+[A-Z][a-z]+\b")
+
+
+def expected_kind(question: str) -> str:
+    if _PERSON_Q.search(question):
+        return "name"
+    if _NUMBER_Q.search(question):
+        return "number"
+    if _CODE_Q.search(question):
+        return "code"
+    return ""
+
+
+def _has_new(kind: str, text: str, question: str) -> bool:
+    pattern = {"number": _NUMBER, "code": _CODE, "name": _NAME}[kind]
+    asked = question.lower()
+    return any(m.group().lower() not in asked for m in pattern.finditer(text))
+
+
+def features(question: str, passage: str) -> tuple[float, float, float, float]:
+    """(coverage best, coverage 2nd, coverage passage, answer_type) — see the module doc."""
+    asked = stems(question)
+    parts = sentences(passage) or [passage]
+    if not asked:
+        return (0.0, 0.0, 0.0, 0.5)
+    shares = [len(asked & stems(s)) / len(asked) for s in parts]
+    order = sorted(range(len(parts)), key=lambda i: -shares[i])
+    best = order[0]
+    second = shares[order[1]] if len(order) > 1 else 0.0
+    whole = len(asked & stems(passage)) / len(asked)
+    kind = expected_kind(question)
+    if not kind:
+        typed = 0.5
+    else:
+        window = " ".join(parts[best : best + 2])
+        typed = 1.0 if _has_new(kind, window, question) else 0.0
+    return (shares[best], second, whole, typed)
