@@ -81,15 +81,17 @@ def main() -> int:
                 started = time.perf_counter()
                 clf.predict(q, passages)
                 latencies.append((time.perf_counter() - started) * 1000)
-            logits = clf.pair_logits([p.query for p in heldout], [p.passage for p in heldout])
-            probs = clf.calibrator(logits)
+            queries, passages = [p.query for p in heldout], [p.passage for p in heldout]
+            logits = clf.pair_logits(queries, passages)
+            probs = clf.predict_pairs(queries, passages)
             at = calibration.precision_at(probs, labels, 0.85)
             results.append(
                 {
                     "variant": f"{'int8' if quantize else 'fp32'} len {length}",
                     "p50_ms": round(percentile(latencies, 0.5), 1),
                     "p95_ms": round(percentile(latencies, 0.95), 1),
-                    "auc": round(_auc(logits, labels) or 0.0, 4),
+                    "auc": round(_auc(probs, labels) or 0.0, 4),
+                    "auc_model": round(_auc(logits, labels) or 0.0, 4),
                     "precision@0.85": None
                     if at["precision"] is None
                     else round(at["precision"], 3),
