@@ -30,6 +30,8 @@ class DocumentSink(Protocol):
 
     def content_hash_of(self, doc_id: str) -> str | None: ...
 
+    def collection_of(self, doc_id: str) -> str | None: ...
+
     def put(self, doc_id: str, content_hash: str, chunks: Sequence[Chunk]) -> None: ...
 
 
@@ -99,17 +101,19 @@ def ingest_one(
     sink: DocumentSink,
     chunker: ChunkerConfig | None = None,
     limits: PdfLimits | None = None,
+    collection: str = "default",
 ) -> FileResult:
     """Parse, chunk and hand one document to the sink; failures become a ``failed`` result."""
     doc_id = ""
     try:
         doc_id = doc_id_for(name)
         previous = sink.content_hash_of(doc_id)
-        if previous == document_identity(data):  # unchanged: skip parsing entirely
+        unchanged = previous == document_identity(data)
+        if unchanged and sink.collection_of(doc_id) == collection:  # skip parsing entirely
             return FileResult(name, doc_id, "unchanged")
         doc = read_pdf(data, name, limits)
         chunks = chunk_pages(
-            doc.doc_id, doc.content_hash, doc.pages, doc.source, chunker, doc.outline
+            doc.doc_id, doc.content_hash, doc.pages, doc.source, chunker, doc.outline, collection
         )
         if not chunks:
             raise InvalidArgument.for_field("document", f"{name}: no text to index")
@@ -129,6 +133,7 @@ def run_batch(
     chunker: ChunkerConfig | None = None,
     limits: PdfLimits | None = None,
     progress: bool = True,
+    collection: str = "default",
 ) -> IngestReport:
     """Ingest files and directories into ``sink``, with a progress bar and a final report."""
     started = time.perf_counter()
@@ -152,7 +157,7 @@ def run_batch(
         except OSError as exc:
             report.results.append(FileResult(str(path), doc_id, "failed", reason=str(exc)))
             continue
-        result = ingest_one(data, path.name, sink, chunker, limits)
+        result = ingest_one(data, path.name, sink, chunker, limits, collection)
         result.source = str(path)
         report.results.append(result)
     report.seconds = time.perf_counter() - started

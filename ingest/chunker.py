@@ -101,6 +101,7 @@ def chunk_pages(
     source: str = "",
     config: ChunkerConfig | None = None,
     outline: Sequence[OutlineEntry] = (),
+    collection: str = "default",
 ) -> list[Chunk]:
     """Chunk a document's pages (page i is ``pages[i - 1]``) section by section.
 
@@ -133,6 +134,7 @@ def chunk_pages(
                     pages=tuple(sorted(set(section.pages[start:end]))),
                     source=source,
                     title_path=section.title_path,
+                    collection=collection,
                 )
             )
     return chunks

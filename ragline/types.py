@@ -28,6 +28,8 @@ class Chunk:
     title_path: tuple[str, ...] = ()
     """Section headings the chunk sits under, outermost first."""
     kind: str = "text"
+    collection: str = "default"
+    """The collection the document was ingested into (a filter in searches)."""
 
     def __post_init__(self) -> None:
         if not self.chunk_id or not self.doc_id:

@@ -32,6 +32,7 @@ class SearchOptions:
     dense_weight: float = 1.0
     doc_ids: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
+    collections: tuple[str, ...] = ()
     explain: bool = False
 
     def validate(self) -> SearchOptions:
@@ -58,6 +59,8 @@ class SearchOptions:
             part["doc_ids"] = sorted(set(self.doc_ids))
         if self.kinds:
             part["kinds"] = sorted(set(self.kinds))
+        if self.collections:
+            part["collections"] = sorted(set(self.collections))
         return part
 
 
@@ -261,7 +264,7 @@ class Retriever:
 
 def _allowed_rows(view: IndexView, options: SearchOptions) -> np.ndarray | None:
     """A boolean mask over rows for the request's filters, or None when there are none."""
-    if not options.doc_ids and not options.kinds:
+    if not options.doc_ids and not options.kinds and not options.collections:
         return None
     mask = np.ones(len(view.chunks), dtype=bool)
     if options.doc_ids:
@@ -271,6 +274,12 @@ def _allowed_rows(view: IndexView, options: SearchOptions) -> np.ndarray | None:
         mask &= np.isin(view.doc_codes, [view.doc_code[d] for d in set(options.doc_ids)])
     if options.kinds:
         mask &= np.isin(view.kinds, list(set(options.kinds)))
+    if options.collections:
+        known = set(view.collections.tolist())
+        unknown = sorted(set(options.collections) - known)
+        if unknown:
+            raise NotFound(f"no collection named {unknown}")
+        mask &= np.isin(view.collections, list(set(options.collections)))
     return mask
 
 

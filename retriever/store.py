@@ -113,6 +113,7 @@ class IndexView:
     doc_codes: np.ndarray
     """doc_codes[row] = doc_code[doc id of that row]: filters become one vectorised mask."""
     kinds: np.ndarray
+    collections: np.ndarray
 
     @property
     def doc_freq(self) -> np.ndarray:
@@ -269,6 +270,10 @@ class IndexStore:
         doc = self._docs.get(doc_id)
         return doc.content_hash if doc else None
 
+    def collection_of(self, doc_id: str) -> str | None:
+        doc = self._docs.get(doc_id)
+        return doc.chunks[0].collection if doc and doc.chunks else None
+
     # -- writing -----------------------------------------------------------------------------
     def put(self, doc_id: str, content_hash: str, chunks: Sequence[Chunk]) -> None:
         """Add or replace a document's chunks and commit a new snapshot."""
@@ -386,6 +391,7 @@ class IndexStore:
             doc_code=doc_code,
             doc_codes=np.array([doc_code[c.doc_id] for c in chunks], dtype=np.int32),
             kinds=np.array([c.kind for c in chunks], dtype=object),
+            collections=np.array([c.collection for c in chunks], dtype=object),
         )
 
     def memory(self) -> dict[str, float]:

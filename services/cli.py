@@ -39,6 +39,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from ingest.chunker import ChunkerConfig
     from ingest.pdf import PdfLimits
     from ragline.errors import RaglineError
+    from services.gateway import check_collection
     from services.server import build_store
 
     settings = _settings(args)
@@ -47,12 +48,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     store.load()
     i = settings.ingest
     try:
+        collection = check_collection(args.collection)
         report = run_batch(
             args.paths,
             store,
             ChunkerConfig(i.target_words, i.overlap_words),
             PdfLimits(i.max_bytes, i.max_pages, i.min_quality),
             progress=not args.quiet,
+            collection=collection,
         )
     except RaglineError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -131,7 +134,9 @@ def _options(args: argparse.Namespace) -> Any:
     return common_pb2.SearchOptions(
         mode=MODE_TO_PB[args.mode] if args.mode else common_pb2.SEARCH_MODE_UNSPECIFIED,
         fusion=FUSION_TO_PB[args.fusion] if args.fusion else common_pb2.FUSION_UNSPECIFIED,
-        filter=common_pb2.Filter(doc_ids=args.doc or [], kinds=args.kind or []),
+        filter=common_pb2.Filter(
+            doc_ids=args.doc or [], kinds=args.kind or [], collections=args.collection or []
+        ),
         explain=bool(getattr(args, "explain", False)),
     )
 
@@ -299,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
         "and skipped. Exit 1 if any file failed.",
     )
     p.add_argument("paths", nargs="+", help="PDF files or directories (searched recursively)")
+    p.add_argument(
+        "--collection",
+        default="default",
+        help="collection the documents join, for filtered searches (default: default)",
+    )
     p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)
@@ -332,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--kind", action="append", choices=["text", "table", "code"], help="only this kind"
         )
+        p.add_argument("--collection", action="append", help="only this collection (repeatable)")
         if name == "retrieve":
             p.add_argument("--no-cache", action="store_true", help="bypass the query cache")
             p.add_argument(

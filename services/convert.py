@@ -30,6 +30,7 @@ def chunk_to_pb(chunk: Chunk) -> common_pb2.Chunk:
         source=chunk.source,
         title_path=list(chunk.title_path),
         kind=chunk.kind,
+        collection=chunk.collection,
     )
 
 
@@ -43,6 +44,7 @@ def chunk_from_pb(pb: common_pb2.Chunk) -> Chunk:
         source=pb.source,
         title_path=tuple(pb.title_path),
         kind=pb.kind or "text",
+        collection=pb.collection or "default",
     )
 
 
@@ -99,6 +101,8 @@ def options_from_pb(pb: common_pb2.SearchOptions) -> dict[str, Any]:
         out["doc_ids"] = tuple(pb.filter.doc_ids)
     if pb.filter.kinds:
         out["kinds"] = tuple(pb.filter.kinds)
+    if pb.filter.collections:
+        out["collections"] = tuple(pb.filter.collections)
     if pb.explain:
         out["explain"] = True
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,18 @@ from retriever.search import RetrievalResult, Retriever, SearchOptions
 from retriever.store import IndexStore
 
 logger = logging.getLogger(__name__)
+
+_COLLECTION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_collection(name: str) -> str:
+    """A collection name ("" = ``default``): 1-64 letters, digits, ``_``, ``.`` or ``-``."""
+    name = name or "default"
+    if not _COLLECTION.fullmatch(name):
+        raise InvalidArgument.for_field(
+            "collection", "must be 1-64 letters, digits, '_', '.' or '-'"
+        )
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,21 +240,38 @@ class Gateway:
 
     # -- index management ------------------------------------------------------------------
     async def ingest(
-        self, paths: Sequence[str], documents: Sequence[tuple[str, bytes]]
+        self,
+        paths: Sequence[str],
+        documents: Sequence[tuple[str, bytes]],
+        collection: str = "default",
     ) -> IngestReport:
-        """Ingest server-side paths and uploaded documents; a bad one is reported, not fatal."""
+        """Ingest server-side paths and uploaded documents into a collection; a bad one is
+        reported, not fatal."""
         if not paths and not documents:
             raise InvalidArgument.for_field("paths", "give at least one path or document")
+        collection = check_collection(collection)
         started = time.perf_counter()
         async with self._ingest_lock:
             # Server-side paths go through the batch job itself (size limit, duplicate ids).
             report = await asyncio.to_thread(
-                run_batch, list(paths), self.store, self.chunker, self.pdf_limits, False
+                run_batch,
+                list(paths),
+                self.store,
+                self.chunker,
+                self.pdf_limits,
+                False,
+                collection,
             )
             for name, data in documents:
                 report.results.append(
                     await asyncio.to_thread(
-                        ingest_one, data, name, self.store, self.chunker, self.pdf_limits
+                        ingest_one,
+                        data,
+                        name,
+                        self.store,
+                        self.chunker,
+                        self.pdf_limits,
+                        collection,
                     )
                 )
         report.seconds = time.perf_counter() - started

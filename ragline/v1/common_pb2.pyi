@@ -28,7 +28,7 @@ FUSION_RRF: Fusion
 FUSION_WEIGHTED: Fusion
 
 class Chunk(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "ordinal", "text", "pages", "source", "title_path", "kind")
+    __slots__ = ("chunk_id", "doc_id", "ordinal", "text", "pages", "source", "title_path", "kind", "collection")
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class Chunk(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TITLE_PATH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     ordinal: int
@@ -45,7 +46,8 @@ class Chunk(_message.Message):
     source: str
     title_path: _containers.RepeatedScalarFieldContainer[str]
     kind: str
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ..., pages: _Optional[_Iterable[int]] = ..., source: _Optional[str] = ..., title_path: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ...) -> None: ...
+    collection: str
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ..., pages: _Optional[_Iterable[int]] = ..., source: _Optional[str] = ..., title_path: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., collection: _Optional[str] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("chunk", "score", "stage_scores", "rank", "terms")
@@ -77,12 +79,14 @@ class TermWeight(_message.Message):
     def __init__(self, term: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class Filter(_message.Message):
-    __slots__ = ("doc_ids", "kinds")
+    __slots__ = ("doc_ids", "kinds", "collections")
     DOC_IDS_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
     doc_ids: _containers.RepeatedScalarFieldContainer[str]
     kinds: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, doc_ids: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
+    collections: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, doc_ids: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[str]] = ..., collections: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchOptions(_message.Message):
     __slots__ = ("mode", "fusion", "sparse_weight", "dense_weight", "filter", "explain")

@@ -17,12 +17,14 @@ class Document(_message.Message):
     def __init__(self, name: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
 
 class IngestRequest(_message.Message):
-    __slots__ = ("paths", "documents")
+    __slots__ = ("paths", "documents", "collection")
     PATHS_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
     paths: _containers.RepeatedScalarFieldContainer[str]
     documents: _containers.RepeatedCompositeFieldContainer[Document]
-    def __init__(self, paths: _Optional[_Iterable[str]] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ...) -> None: ...
+    collection: str
+    def __init__(self, paths: _Optional[_Iterable[str]] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., collection: _Optional[str] = ...) -> None: ...
 
 class IngestFileResult(_message.Message):
     __slots__ = ("source", "doc_id", "status", "reason", "pages", "chunks")

@@ -19,7 +19,7 @@ from retriever.search import Retriever, SearchOptions
 from retriever.splade import SpladeEncoder
 from retriever.store import IndexStore
 from services.server import RunningServer
-from tests.conftest import MANUAL_PAGES
+from tests.conftest import MANUAL_PAGES, write_pdf
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,11 @@ async def stub(server: RunningServer):  # type: ignore[no-untyped-def]
 
 
 def retrieve(query: str, k: int = 3, **options) -> ragline_pb2.RetrieveRequest:  # type: ignore[no-untyped-def]
-    flt = common_pb2.Filter(doc_ids=options.pop("doc_ids", []), kinds=options.pop("kinds", []))
+    flt = common_pb2.Filter(
+        doc_ids=options.pop("doc_ids", []),
+        kinds=options.pop("kinds", []),
+        collections=options.pop("collections", []),
+    )
     return ragline_pb2.RetrieveRequest(
         query=query, k=k, options=common_pb2.SearchOptions(filter=flt, **options)
     )
@@ -96,6 +100,44 @@ async def test_filters_apply_inside_the_search(stub) -> None:  # type: ignore[no
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.Retrieve(retrieve("frobnicator", kinds=["poster"]), timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_collections_filter_inside_the_search(stub, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pdf = write_pdf(
+        tmp_path / "quux-ops.pdf",
+        ["The quuxer daemon rotates its frobnicator logs every 6 hours into /var/log/quux."],
+    )
+    upload = ragline_pb2.Document(name="quux-ops.pdf", content=pdf.read_bytes())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Ingest(ragline_pb2.IngestRequest(documents=[upload], collection="no spaces!"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    added = await stub.Ingest(
+        ragline_pb2.IngestRequest(documents=[upload], collection="ops"), timeout=60
+    )
+    assert added.results[0].status == ragline_pb2.IngestFileResult.INGESTED
+    try:
+        for mode in (common_pb2.SEARCH_MODE_SPARSE, common_pb2.SEARCH_MODE_DENSE):
+            ops = await stub.Retrieve(
+                retrieve("frobnicator logs", k=5, mode=mode, collections=["ops"]), timeout=30
+            )
+            assert ops.hits and {h.chunk.doc_id for h in ops.hits} == {"quux-ops"}
+            assert {h.chunk.collection for h in ops.hits} == {"ops"}
+            rest = await stub.Retrieve(
+                retrieve("frobnicator logs", k=5, mode=mode, collections=["default"]), timeout=30
+            )
+            assert rest.hits and "quux-ops" not in {h.chunk.doc_id for h in rest.hits}
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Retrieve(retrieve("logs", collections=["nope"]), timeout=30)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        # the same bytes into another collection move the document; it is not "unchanged"
+        moved = await stub.Ingest(
+            ragline_pb2.IngestRequest(documents=[upload], collection="archive"), timeout=60
+        )
+        assert moved.results[0].status == ragline_pb2.IngestFileResult.REPLACED
+        archived = await stub.Retrieve(retrieve("logs", collections=["archive"]), timeout=30)
+        assert {h.chunk.doc_id for h in archived.hits} == {"quux-ops"}
+    finally:
+        await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="quux-ops"), timeout=30)
 
 
 async def test_explain_returns_the_matching_terms(stub) -> None:  # type: ignore[no-untyped-def]
