@@ -101,13 +101,20 @@ def build_text_backend(settings: Settings) -> TextBackend:
     if kind == "openai":
         from generator.openai_backend import OpenAIBackend
 
-        return OpenAIBackend(
-            g.openai_base_url,
-            g.openai_model or g.model,
-            api_key=g.openai_api_key,
-            timeout_s=g.openai_timeout_s,
-            retries=g.openai_retries,
-        )
+        def endpoint(url: str) -> OpenAIBackend:
+            return OpenAIBackend(
+                url,
+                g.openai_model or g.model,
+                api_key=g.openai_api_key,
+                timeout_s=g.openai_timeout_s,
+                retries=g.openai_retries,
+            )
+
+        if g.openai_routes:
+            from generator.routing import LengthRouter
+
+            return LengthRouter.from_spec(g.openai_routes, endpoint)
+        return endpoint(g.openai_base_url)
     from generator.transformers_backend import TransformersBackend
 
     return TransformersBackend(g.model, threads=settings.server.threads)

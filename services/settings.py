@@ -225,6 +225,13 @@ class GeneratorSettings(BaseSettings):
         description="Retries (exponential backoff from 0.5 s) after a connection error or 5xx, "
         "before the first token only.",
     )
+    openai_routes: str = Field(
+        "",
+        description="Length-bucket routing over OpenAI-compatible endpoints, e.g. "
+        "'256=http://a:8000/v1,2048=http://b:8000/v1,inf=http://c:8000/v1': prompts under 256 "
+        "tokens (estimated at 4 characters each) go to a, under 2048 to b, the rest to c. "
+        "Empty = one endpoint, OPENAI_BASE_URL.",
+    )
     evidence_k: int = Field(4, ge=1, le=20, description="Passages given to the model.")
     max_new_tokens: int = Field(96, ge=1, le=4096, description="Generated tokens at most.")
     max_evidence_chars: int = Field(

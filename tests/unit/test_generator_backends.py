@@ -117,3 +117,41 @@ async def test_an_unreachable_server_is_unavailable_after_the_retries() -> None:
     with pytest.raises(Unavailable, match="3 attempts"):
         await _collect(backend.stream(MESSAGES, 4))
     await backend.aclose()
+
+
+async def test_length_router_sends_each_prompt_to_its_bucket() -> None:
+    from generator.routing import LengthRouter, parse_routes
+
+    short, long = FakeServer([(200, _sse("short"))]), FakeServer([(200, _sse("long"))])
+    async with short as short_url, long as long_url:
+        router = LengthRouter.from_spec(
+            f"64={short_url}/v1, inf={long_url}/v1",
+            lambda url: OpenAIBackend(url, "m", retries=0),
+        )
+        router.warm_up()
+        assert await _collect(router.stream(MESSAGES, 8)) == ["short"]
+        big = [{"role": "user", "content": "evidence " * 100}]  # ~225 estimated tokens
+        assert await _collect(router.stream(big, 8)) == ["long"]
+        await router.aclose()
+    assert router.counts == [1, 1]
+    assert len(short.requests) == 1 and len(long.requests) == 1
+    assert parse_routes("256=a,2048=b,inf=c") == [(256, "a"), (2048, "b"), (float("inf"), "c")]
+    for bad in ("256=a", "2048=a,256=b,inf=c", "x=a,inf=b", "256,inf=b", ""):
+        with pytest.raises(FailedPrecondition):
+            parse_routes(bad)
+
+
+def test_routes_setting_builds_the_router() -> None:
+    from generator.routing import LengthRouter
+    from services.server import build_text_backend
+    from services.settings import Settings
+
+    settings = Settings()
+    settings.generator.backend = "openai"
+    settings.generator.openai_routes = "256=http://127.0.0.1:1/v1,inf=http://127.0.0.1:2/v1"
+    backend = build_text_backend(settings)
+    assert isinstance(backend, LengthRouter)
+    assert [b.base_url for _, b in backend.routes] == [  # type: ignore[attr-defined]
+        "http://127.0.0.1:1/v1",
+        "http://127.0.0.1:2/v1",
+    ]
