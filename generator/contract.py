@@ -101,6 +101,21 @@ def quote_for(question: str, keys: set[str], evidence: Sequence[Hit]) -> tuple[s
     return None if best is None else (best[1], best[2])
 
 
+OFF_QUESTION_MARGIN = 0.3
+"""How much more of the question a quotable sentence must hold than the model's answer for the
+answer to count as off the question."""
+
+
+def off_question(question: str, body: str, sentence: str, keys: set[str]) -> bool:
+    asked = stems(question)
+    if not asked:
+        return False
+    answer_share = len(asked & stems(body)) / len(asked)
+    quote_share = len(asked & stems(sentence)) / len(asked)
+    in_quote = content_tokens(sentence)
+    return quote_share - answer_share >= OFF_QUESTION_MARGIN and not (keys and keys <= in_quote)
+
+
 def check_answer(
     question: str,
     raw_output: str,
@@ -149,8 +164,19 @@ def check_answer(
         asked = content_tokens(question)
         if not all(anchored(k, passage, asked, key_window) for k in key_tokens(new_words, body)):
             reason = "key_unanchored"
+    keys = key_tokens(new_words, body)
+    if not reason and quote:
+        # A supported answer can still be off the question: SmolLM2 sometimes copies the
+        # neighbouring sentence ("read.fortran is a similar function" for "how do you read a
+        # fixed-width file", where read.fwf is the answer). When the top passage has a sentence
+        # that holds far more of the question and none of the answer's own identifiers, quote it.
+        found = quote_for(question, keys, evidence)
+        if found is not None and off_question(question, body, found[0], keys):
+            text, number = found
+            cited = [number]
+            text = f"{text} [{number}]"
     if reason:
-        found = quote_for(question, key_tokens(new_words, body), evidence) if quote else None
+        found = quote_for(question, keys, evidence) if quote else None
         if found is None:
             return Answer.insufficient_info(reason)
         text, number = found

@@ -193,3 +193,25 @@ def test_stems_match_plurals_and_hyphenated_words() -> None:
         "is",
     ]
     assert stems("Fixed-width files") == {"fix", "width", "file"}
+
+
+def test_a_supported_answer_off_the_question_gives_way_to_the_quote() -> None:
+    text = (
+        "2.2 Fixed-width-format files Sometimes data files have no field delimiters. "
+        "Function read.fwf provides a simple way to read such fixed-width files, specifying a "
+        "vector of field widths. Function read.fortran is a similar function for fixed-format "
+        "data, using Fortran-style column specifications."
+    )
+    title = ("2 Spreadsheet-like data", "Fixed-width-format files")
+    passage = Hit(Chunk("R-data-40", "R-data", 40, text, (15,), "R-data.pdf", title), 10.0)
+    copied_neighbour = (
+        "Function read.fortran is a similar function for fixed-format data, using "
+        "Fortran-style column specifications. [1]"
+    )
+    answer = check_answer(QUESTION, copied_neighbour, [passage], quote=True)
+    assert "read.fwf" in answer.text and "read.fortran" not in answer.text
+    assert [c.number for c in answer.citations] == [1]
+    # without quotes the supported answer stands; a terse on-target answer is kept too
+    assert "read.fortran" in check_answer(QUESTION, copied_neighbour, [passage]).text
+    terse = check_answer(QUESTION, "read.fwf [1]", [passage], quote=True)
+    assert terse.text == "read.fwf [1]"
