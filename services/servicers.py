@@ -105,6 +105,8 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
                 }
             )
         counters["ragline_singleflight_joins_total"] = self.gateway.retriever.singleflight_joins
+        counters["ragline_evidence_filter_failures_total"] = self.gateway.filter_failures
+        counters["ragline_evidence_filter_fallbacks_total"] = self.gateway.filter_fallbacks
         counters.update(self.gateway.store.memory())
         return ragline_pb2.GetStatsResponse(
             documents=len(view.doc_hashes),

@@ -186,6 +186,8 @@ async def test_credibility_down_means_unavailable_for_answer_not_retrieve(
                 timeout=30,
             )
             assert found.hits and all("credibility" not in h.stage_scores for h in found.hits)
+            stats = await public.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)
+            assert stats.counters["ragline_evidence_filter_failures_total"] >= 2
     finally:
         await _stop(running)
 
