@@ -32,7 +32,8 @@ ingest:
 ## credibility: train + calibrate the credibility classifier from the ingested index, unless
 ##      var/models/credibility already holds one (retrain: ragline credibility train)
 credibility:
-	$(BIN)/ragline credibility train --if-missing
+	@$(BIN)/ragline credibility train --if-missing || echo "warning: no credibility model" \
+	  "(see above); the server filters evidence by the SPLADE score floor instead" >&2
 
 serve:
 	$(BIN)/ragline serve --port $(PORT)

@@ -86,6 +86,13 @@ def train(
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     train_set, calib_set, test_set = split_groups(pairs, config.holdout, config.seed)
+    for name, part in (("training", train_set), ("calibration", calib_set), ("test", test_set)):
+        if len({p.label for p in part}) < 2:
+            raise InvalidArgument.for_field(
+                "pairs",
+                f"{len(pairs)} pairs are too few: the {name} split lacks positives or negatives "
+                "(ingest more text, or give labelled pairs with --pairs)",
+            )
     base = resolve_base(config.base)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)

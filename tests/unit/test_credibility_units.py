@@ -266,3 +266,12 @@ def test_lexical_features_see_coverage_and_the_asked_kind() -> None:
     assert typed == 1.0
     assert features(q, blanked)[3] == 0.0  # on topic, but no identifier to answer with
     assert features("Why is the sky blue?", answer)[3] == 0.5
+
+
+def test_too_few_pairs_is_a_clear_error(tmp_path: Path) -> None:
+    from credibility.train import train
+
+    pairs = [Pair("q", "p", 1, "g0"), Pair("q", "n", 0, "g0"), Pair("r", "p", 1, "g1")]
+    with pytest.raises(InvalidArgument, match="too few"):
+        train(pairs, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
