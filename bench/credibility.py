@@ -82,8 +82,8 @@ def main() -> int:
                 clf.predict(q, passages)
                 latencies.append((time.perf_counter() - started) * 1000)
             queries, passages = [p.query for p in heldout], [p.passage for p in heldout]
-            logits = clf.pair_logits(queries, passages)
-            probs = clf.predict_pairs(queries, passages)
+            features = clf.features(queries, passages)
+            logits, probs = features[:, 0], clf.calibrated(features)
             at = calibration.precision_at(probs, labels, 0.85)
             results.append(
                 {

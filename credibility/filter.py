@@ -42,7 +42,23 @@ class EvidenceFilter(Protocol):
     def warm_up(self) -> None: ...
 
 
-class ScoreFloorFilter:
+class Thresholded:
+    """The threshold and per-request bounds every filter carries."""
+
+    def __init__(self, threshold: float, bounds: tuple[float, float]) -> None:
+        self._threshold = threshold
+        self._bounds = bounds
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return self._bounds
+
+
+class ScoreFloorFilter(Thresholded):
     """Keeps hits whose SPLADE score reaches a floor (in every search mode the retriever
     gives each hit its sparse score; a hit without one counts its ranking score).
 
@@ -53,19 +69,11 @@ class ScoreFloorFilter:
     name = "score_floor"
 
     def __init__(self, floor: float) -> None:
-        self._floor = floor
-
-    @property
-    def threshold(self) -> float:
-        return self._floor
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        return (0.0, math.inf)
+        super().__init__(floor, (0.0, math.inf))
 
     @property
     def model_id(self) -> str:
-        return f"score_floor:{self._floor:g}"
+        return f"score_floor:{self.threshold:g}"
 
     def warm_up(self) -> None:
         return None
@@ -74,7 +82,7 @@ class ScoreFloorFilter:
         return [h.stage_scores.get("sparse", h.score) for h in hits]
 
 
-class ClassifierFilter:
+class ClassifierFilter(Thresholded):
     """The calibrated "contains the answer" classifier, scored off the event loop."""
 
     name = "credibility"
@@ -86,18 +94,9 @@ class ClassifierFilter:
         bounds: tuple[float, float] = (0.5, 0.99),
         timeout_s: float = 2.0,
     ) -> None:
+        super().__init__(threshold, bounds)
         self.classifier = classifier
-        self._threshold = threshold
-        self._bounds = bounds
         self.timeout_s = timeout_s
-
-    @property
-    def threshold(self) -> float:
-        return self._threshold
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        return self._bounds
 
     @property
     def model_id(self) -> str:

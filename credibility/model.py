@@ -123,47 +123,64 @@ class PairClassifier:
             self._model = model
             logger.info("credibility classifier loaded from %s", self.checkpoint)
 
-    def logits(self, query: str, passages: Sequence[str]) -> np.ndarray:
-        return self.pair_logits([query] * len(passages), passages)
-
     def pair_logits(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
         """Raw logits for (query, passage) pairs, in batches."""
         if self._model is None:
             self.warm_up()
-        if not passages:
-            return np.zeros(0, dtype=np.float64)
-        import torch
-
-        out = []
         texts = [
             focus_passage(q, p, self.max_words) for q, p in zip(queries, passages, strict=True)
         ]
-        with torch.inference_mode():
-            for start in range(0, len(texts), self.batch_size):
-                end = start + self.batch_size
-                batch = encode_pairs(
-                    self._tokenizer, queries[start:end], texts[start:end], self.max_length
-                )
-                out.append(self._model(**batch).logits[:, 0].float().numpy())
-        return np.concatenate(out).astype(np.float64)
+        return batched_logits(
+            self._model, self._tokenizer, queries, texts, self.max_length, self.batch_size
+        )
 
     def features(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
         """The feature matrix the calibrator reads, columns in ``FEATURES`` order."""
-        logits = self.pair_logits(queries, passages)
-        lexical = np.array([lexical_features(q, p) for q, p in zip(queries, passages, strict=True)])
-        return np.c_[logits, lexical.reshape(len(passages), len(FEATURES) - 1)]
+        return feature_matrix(self.pair_logits(queries, passages), queries, passages)
+
+    def calibrated(self, features: np.ndarray) -> np.ndarray:
+        """Probabilities for a :meth:`features` matrix."""
+        columns = [FEATURES.index(name) for name in self.calibrator.features]
+        return self.calibrator(features[:, columns])
 
     def predict(self, query: str, passages: Sequence[str]) -> np.ndarray:
         """Calibrated probability per passage that it contains the answer."""
         return self.predict_pairs([query] * len(passages), passages)
 
     def predict_pairs(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
-        if self._model is None:
-            self.warm_up()
         if not passages:
             return np.zeros(0, dtype=np.float64)
-        columns = [FEATURES.index(name) for name in self.calibrator.features]
-        return self.calibrator(self.features(queries, passages)[:, columns])
+        return self.calibrated(self.features(queries, passages))
+
+
+def batched_logits(
+    model: Any,
+    tokenizer: Any,
+    queries: Sequence[str],
+    texts: Sequence[str],
+    max_length: int,
+    batch_size: int,
+) -> np.ndarray:
+    """The pair model's logit for each (query, already focused passage text)."""
+    if not texts:
+        return np.zeros(0, dtype=np.float64)
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch_size):
+            end = start + batch_size
+            batch = encode_pairs(tokenizer, queries[start:end], texts[start:end], max_length)
+            out.append(model(**batch).logits[:, 0].float().numpy())
+    return np.concatenate(out).astype(np.float64)
+
+
+def feature_matrix(
+    logits: np.ndarray, queries: Sequence[str], passages: Sequence[str]
+) -> np.ndarray:
+    """``logits`` beside the lexical features of each pair, columns in ``FEATURES`` order."""
+    lexical = [lexical_features(q, p) for q, p in zip(queries, passages, strict=True)]
+    return np.c_[logits, np.array(lexical).reshape(len(passages), len(FEATURES) - 1)]
 
 
 def encode_pairs(

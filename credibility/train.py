@@ -21,8 +21,14 @@ import numpy as np
 
 from credibility import calibration
 from credibility.calibration import FEATURES, Method
-from credibility.lexical import features as lexical_features
-from credibility.model import PACKAGED_BASE, encode_pairs, focus_passage, resolve_base
+from credibility.model import (
+    PACKAGED_BASE,
+    batched_logits,
+    encode_pairs,
+    feature_matrix,
+    focus_passage,
+    resolve_base,
+)
 from credibility.pairs import Pair, write_pairs
 from ragline.errors import InvalidArgument
 
@@ -136,21 +142,11 @@ def train(
     train_seconds = time.perf_counter() - started
 
     def features_of(subset: Sequence[Pair]) -> np.ndarray:
-        logits = []
-        with torch.inference_mode():
-            for start in range(0, len(subset), 64):
-                batch = subset[start : start + 64]
-                inputs = encode_pairs(
-                    tokenizer,
-                    [p.query for p in batch],
-                    [texts[id(p)] for p in batch],
-                    config.max_length,
-                )
-                logits.append(model(**inputs).logits[:, 0].numpy())
-        lexical = np.array([lexical_features(p.query, p.passage) for p in subset]).reshape(
-            -1, len(FEATURES) - 1
+        queries = [p.query for p in subset]
+        logits = batched_logits(
+            model, tokenizer, queries, [texts[id(p)] for p in subset], config.max_length, 64
         )
-        return np.c_[np.concatenate(logits).astype(np.float64) if logits else np.zeros(0), lexical]
+        return feature_matrix(logits, queries, [p.passage for p in subset])
 
     names = FEATURES if config.lexical else ("logit",)
     columns = [FEATURES.index(n) for n in names]

@@ -11,7 +11,6 @@ Prompt length is estimated without a tokenizer, at 4 characters per token.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -86,6 +85,4 @@ class LengthRouter:
         for _, backend in self.routes:
             close = getattr(backend, "aclose", None)
             if close is not None:
-                result = close()
-                if inspect.isawaitable(result):
-                    await result
+                await close()

@@ -127,7 +127,6 @@ class Gateway:
                 name, scores, _ = await self.score_hits(text, result.hits)
             except Unavailable as exc:
                 logger.warning("Retrieve without evidence scores: %s", exc.message)
-                self.filter_failures += 1
             else:
                 hits = [
                     replace(h, stage_scores=dict(h.stage_scores, **{name: s}))
@@ -152,13 +151,18 @@ class Gateway:
             )
         return threshold
 
-    async def score_hits(self, query: str, hits: Sequence[Hit]) -> tuple[str, list[float], float]:
-        """(filter name, score per hit, its default threshold). When the filter is unavailable
-        the fallback filter scores, if one is configured; otherwise :class:`Unavailable`."""
+    async def score_hits(
+        self, query: str, hits: Sequence[Hit], threshold: float = 0.0
+    ) -> tuple[str, list[float], float]:
+        """(filter name, score per hit, the threshold that applies to them): the request's
+        ``threshold`` (0 = the filter's own), or the fallback filter's own when the filter is
+        unavailable and a fallback is configured; otherwise :class:`Unavailable`."""
+        threshold = self.check_threshold(threshold)
         try:
-            return self.filter.name, await self.filter.score(query, hits), self.filter.threshold
+            return self.filter.name, await self.filter.score(query, hits), threshold
         except Unavailable:
             if self.fallback_filter is None:
+                self.filter_failures += 1
                 raise
             self.filter_fallbacks += 1
             logger.warning(
@@ -176,10 +180,7 @@ class Gateway:
             Unavailable: the filter could not score and no fallback is configured; evidence
                 is never passed on unfiltered.
         """
-        threshold = self.check_threshold(threshold)
-        name, scores, default = await self.score_hits(query, hits)
-        if name != self.filter.name:
-            threshold = default  # the fallback's own scale
+        name, scores, threshold = await self.score_hits(query, hits, threshold)
         kept = []
         for hit, score in zip(hits, scores, strict=True):
             if score >= threshold:
@@ -206,11 +207,7 @@ class Gateway:
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
-        try:
-            evidence = await self.select_evidence(text, retrieved.hits, threshold)
-        except Unavailable:
-            self.filter_failures += 1
-            raise
+        evidence = await self.select_evidence(text, retrieved.hits, threshold)
         timings["credibility_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         answer: Answer | None = None

@@ -7,13 +7,14 @@ from collections.abc import Sequence
 
 import grpc
 
+from credibility.filter import Thresholded
 from ragline.errors import Unavailable
 from ragline.types import Hit
 from ragline.v1 import stages_pb2, stages_pb2_grpc
 from services import convert
 
 
-class RemoteFilter:
+class RemoteFilter(Thresholded):
     """An :class:`~credibility.filter.EvidenceFilter` that calls ``CredibilityService.Score``.
 
     Any failure — connection refused, deadline, an error status — becomes
@@ -29,20 +30,11 @@ class RemoteFilter:
         threshold: float,
         bounds: tuple[float, float] = (0.0, math.inf),
     ) -> None:
+        super().__init__(threshold, bounds)
         self.address = address
         self.timeout_s = timeout_s
-        self._threshold = threshold
-        self._bounds = bounds
         self._channel: grpc.aio.Channel | None = None
         self._stub: stages_pb2_grpc.CredibilityServiceStub | None = None
-
-    @property
-    def threshold(self) -> float:
-        return self._threshold
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        return self._bounds
 
     @property
     def model_id(self) -> str:

@@ -141,13 +141,10 @@ class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):
 
     async def Score(self, request, context):  # noqa: N802
         hits = convert.hits_from_pb(request.hits)
-        threshold = self.gateway.check_threshold(request.threshold)
         started = time.perf_counter()
-        name, scores, default = await within_deadline(
-            context, self.gateway.score_hits(request.query, hits)
+        name, scores, threshold = await within_deadline(
+            context, self.gateway.score_hits(request.query, hits, request.threshold)
         )
-        if name != self.gateway.filter.name:
-            threshold = default
         return stages_pb2.ScoreResponse(
             scores=scores,
             kept=[s >= threshold for s in scores],
