@@ -1,25 +1,61 @@
-"""Benchmark PDF parsing (no encoding): pages/s and peak RSS over folders of real PDFs.
+"""Benchmark PDF parsing + chunking (no encoding): pages/s and peak RSS, by configuration.
 
-    python bench/ingest.py [FOLDER ...]   (default: data/corpus and data/eval-corpus)
+    python bench/ingest.py [FOLDER ...] [--workers 1,2] [--repeat 1]
+    (default folders: data/corpus and data/corpus-full, deduplicated by file name)
+
+Each configuration runs the real batch job (``ingest.batch.run_batch``: worker processes,
+content hashing, the report) into a sink that only counts, so the figures are parsing's
+alone: tables off, then tables on with 1 and 2 worker processes. Pages/s is wall-clock over
+all files; peak RSS is this process's and the largest worker's. Per-file figures come from
+one in-process pass with tables on.
 
 Prints a table and writes ``bench/out/ingest.json``. SPLADE encoding is measured separately
-(``bench/slice.py``): parsing must stay far ahead of it.
+(``bench/slice.py``): parsing must stay ahead of it. Not a test: figures, not assertions.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ingest.chunker import chunk_pages  # noqa: E402
-from ingest.pdf import read_pdf  # noqa: E402
+from ingest.batch import parse_document, run_batch  # noqa: E402
+from ingest.pdf import PdfLimits  # noqa: E402
+from ragline.types import Chunk  # noqa: E402
+
+
+class CountingSink:
+    """A sink that keeps nothing: every document is new, chunks are only counted."""
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.tables = 0
+
+    def content_hash_of(self, doc_id: str) -> str | None:
+        return None
+
+    def collection_of(self, doc_id: str) -> str | None:
+        return None
+
+    def put(self, doc_id: str, content_hash: str, chunks: Sequence[Chunk]) -> None:
+        self.chunks += len(chunks)
+        self.tables += sum(c.kind == "table" for c in chunks)
+
+
+def group_of(name: str) -> str:
+    if name == "refman.pdf":
+        return "R reference manual"
+    return "R manuals" if name.startswith("R-") else "texlive papers"
 
 
 def main() -> int:
@@ -30,52 +66,94 @@ def main() -> int:
         "folders",
         nargs="*",
         type=Path,
-        default=[ROOT / "data" / "corpus", ROOT / "data" / "eval-corpus"],
+        default=[ROOT / "data" / "corpus", ROOT / "data" / "corpus-full"],
     )
+    parser.add_argument("--workers", default="1,2", help="worker counts to run with tables on")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "ingest.json")
     args = parser.parse_args()
-    files = sorted({p.resolve() for f in args.folders for p in f.glob("*.pdf")})
+    by_name: dict[str, Path] = {}
+    for folder in args.folders:
+        for path in sorted(folder.glob("*.pdf")):
+            by_name.setdefault(path.name, path)
+    files = [by_name[n] for n in sorted(by_name)]
     if not files:
-        raise SystemExit("no PDFs found: run `make corpus` (or `ragline eval` once) first")
-    rows = []
+        raise SystemExit("no PDFs found: run `make corpus` (FULL=1 for the texlive papers)")
+
+    per_file: list[dict[str, Any]] = []
     for path in files:
-        data = path.read_bytes()
         started = time.perf_counter()
-        doc = read_pdf(data, path.name)
-        chunks = chunk_pages(doc.doc_id, doc.content_hash, doc.pages, outline=doc.outline)
+        parsed = parse_document(path.read_bytes(), path.name)
         seconds = time.perf_counter() - started
-        rows.append(
+        per_file.append(
             {
                 "file": path.name,
-                "pages": len(doc.pages),
-                "flagged": len(doc.flagged),
-                "chunks": len(chunks),
+                "group": group_of(path.name),
+                "pages": parsed.pages,
+                "tables": parsed.tables,
+                "chunks": len(parsed.chunks),
                 "seconds": round(seconds, 3),
-                "pages_per_s": round(len(doc.pages) / seconds, 1),
+                "pages_per_s": round(parsed.pages / seconds, 1),
             }
         )
-    pages = sum(r["pages"] for r in rows)
-    seconds = sum(r["seconds"] for r in rows)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{'file':<28} {'pages':>6} {'flagged':>7} {'chunks':>6} {'pages/s':>8}")
-    for r in rows:
-        print(
-            f"{r['file']:<28} {r['pages']:>6} {r['flagged']:>7} {r['chunks']:>6} "
-            f"{r['pages_per_s']:>8}"
+    in_process_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    configs = [("tables off", False, 1)] + [
+        ("tables on", True, int(w)) for w in args.workers.split(",")
+    ]
+    runs: list[dict[str, Any]] = []
+    for label, tables, workers in configs:
+        sink = CountingSink()
+        report = run_batch(
+            files, sink, limits=PdfLimits(tables=tables), progress=False, workers=workers
         )
-    print(
-        f"{'total':<28} {pages:>6} {'':>7} {sum(r['chunks'] for r in rows):>6} "
-        f"{pages / seconds:>8.1f}   peak RSS {peak_mb:.0f} MB"
-    )
+        failed = [r.source for r in report.results if r.status == "failed"]
+        runs.append(
+            {
+                "config": f"{label}, {workers} worker{'s' if workers > 1 else ''}",
+                "tables": tables,
+                "workers": workers,
+                "pages": report.pages,
+                "tables_found": sink.tables,
+                "chunks": sink.chunks,
+                "seconds": round(report.seconds, 2),
+                "pages_per_s": round(report.pages / report.seconds, 1),
+                "worker_peak_rss_mb": round(
+                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+                ),
+                "failed": failed,
+            }
+        )
+
+    print(f"{'file':<24} {'group':<20} {'pages':>6} {'tables':>6} {'chunks':>6} {'pages/s':>8}")
+    for r in per_file:
+        print(
+            f"{r['file']:<24} {r['group']:<20} {r['pages']:>6} {r['tables']:>6} "
+            f"{r['chunks']:>6} {r['pages_per_s']:>8}"
+        )
+    groups = {}
+    for name in sorted({r["group"] for r in per_file}):
+        rows = [r for r in per_file if r["group"] == name]
+        pages, seconds = sum(r["pages"] for r in rows), sum(r["seconds"] for r in rows)
+        groups[name] = {"pages": pages, "pages_per_s": round(pages / seconds, 1)}
+        print(f"{'  ' + name:<45} {pages:>6} {'':>13} {pages / seconds:>8.1f}")
+    print()
+    head = f"{'configuration':<28} {'pages':>6} {'tables':>6} {'seconds':>8} {'pages/s':>8}"
+    print(f"{head} {'worker RSS':>11}")
+    for r in runs:
+        print(
+            f"{r['config']:<28} {r['pages']:>6} {r['tables_found']:>6} {r['seconds']:>8} "
+            f"{r['pages_per_s']:>8} {r['worker_peak_rss_mb']:>8} MB"
+        )
+    print(f"in-process pass: peak RSS {in_process_rss:.0f} MB; cores: {os.cpu_count()}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
             {
-                "files": rows,
-                "pages": pages,
-                "seconds": round(seconds, 2),
-                "pages_per_s": round(pages / seconds, 1),
-                "peak_rss_mb": round(peak_mb),
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "runs": runs,
+                "groups_in_process": groups,
+                "in_process_peak_rss_mb": round(in_process_rss),
+                "files": per_file,
             },
             indent=1,
         )

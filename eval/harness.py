@@ -104,6 +104,8 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
                 gateway.chunker,
                 gateway.pdf_limits,
                 options.progress,
+                workers=gateway.ingest_workers,
+                memory_limit_mb=gateway.worker_memory_mib,
             )
             for r in report.results:
                 if r.status == "failed":

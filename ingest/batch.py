@@ -6,9 +6,15 @@ to the sink one at a time, so memory stays bounded by the largest single documen
 
 from __future__ import annotations
 
+import json
 import logging
+import multiprocessing
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -45,6 +51,9 @@ class FileResult:
     chunks: int = 0
     flagged: tuple[int, ...] = ()
     """Pages left out: no text layer, or garbled text (quality under the threshold)."""
+    flag_reasons: dict[int, str] = field(default_factory=dict)
+    tables: int = 0
+    ocr_pages: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -64,15 +73,55 @@ class IngestReport:
         return sum(len(r.flagged) for r in self.results)
 
     @property
+    def tables(self) -> int:
+        return sum(r.tables for r in self.results if r.status in ("ingested", "replaced"))
+
+    @property
     def chunks(self) -> int:
         return sum(r.chunks for r in self.results if r.status in ("ingested", "replaced"))
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready data: totals, then one entry per file."""
+        rate = self.pages / self.seconds if self.seconds > 0 else 0.0
+        totals = {s: self.count(s) for s in ("ingested", "replaced", "unchanged", "failed")}
+        return {
+            **totals,
+            "pages": self.pages,
+            "pages_flagged": self.flagged,
+            "tables": self.tables,
+            "chunks": self.chunks,
+            "seconds": round(self.seconds, 3),
+            "pages_per_s": round(rate, 1),
+            "files": [
+                {
+                    "source": r.source,
+                    "doc_id": r.doc_id,
+                    "status": r.status,
+                    "reason": r.reason,
+                    "pages": r.pages,
+                    "tables": r.tables,
+                    "chunks": r.chunks,
+                    "ocr_pages": list(r.ocr_pages),
+                    "pages_left_out": {str(p): why for p, why in r.flag_reasons.items()},
+                }
+                for r in self.results
+            ],
+        }
+
+    def write_json(self, path: Path) -> None:
+        """Write :meth:`to_dict` atomically (a temporary file renamed into place)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False))
+        tmp.replace(path)
 
     def summary(self) -> str:
         rate = self.pages / self.seconds if self.seconds > 0 else 0.0
         return (
             f"{self.count('ingested')} ingested, {self.count('replaced')} replaced, "
             f"{self.count('unchanged')} unchanged, {self.count('failed')} failed; "
-            f"{self.pages} pages ({self.flagged} flagged), {self.chunks} chunks "
+            f"{self.pages} pages ({self.flagged} flagged), {self.tables} tables, "
+            f"{self.chunks} chunks "
             f"in {self.seconds:.1f} s ({rate:.1f} pages/s)"
         )
 
@@ -95,6 +144,84 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
+def settings_key(chunker: ChunkerConfig | None, limits: PdfLimits | None) -> str:
+    """The settings that shape a document's chunks, as part of its identity: windows,
+    tokenizer, tables, OCR, the quality threshold. (Byte and page limits only refuse.)"""
+    c, p = chunker or ChunkerConfig(), limits or PdfLimits()
+    windows = (
+        f"tokens:{c.target_tokens}/{c.overlap_tokens}/{Path(c.tokenizer).name}"
+        if c.target_tokens
+        else f"words:{c.target_words}/{c.overlap_words}"
+    )
+    ocr = f"{p.ocr}:{p.ocr_language}"
+    return f"{windows};min:{c.min_words};tables:{p.tables};ocr:{ocr};q:{p.min_quality}"
+
+
+@dataclass(slots=True)
+class Parsed:
+    """A document parsed and chunked, ready for the sink (what a worker process returns)."""
+
+    doc_id: str
+    content_hash: str
+    chunks: list[Chunk]
+    pages: int
+    flagged: dict[int, str]
+    tables: int
+    ocr_pages: tuple[int, ...]
+
+
+def parse_document(
+    data: bytes,
+    name: str,
+    chunker: ChunkerConfig | None = None,
+    limits: PdfLimits | None = None,
+    collection: str = "default",
+) -> Parsed:
+    """Parse and chunk one PDF; pure (no index), so it runs in a worker process.
+
+    Raises:
+        InvalidArgument: bad input (see :func:`ingest.pdf.read_pdf`), or nothing to index.
+    """
+    doc = read_pdf(data, name, limits, settings_key=settings_key(chunker, limits))
+    chunks = chunk_pages(
+        doc.doc_id,
+        doc.content_hash,
+        doc.pages,
+        doc.source,
+        chunker,
+        doc.outline,
+        collection,
+        tables=[t.text() for t in doc.tables],
+        quality=doc.quality,
+    )
+    if not chunks:
+        raise InvalidArgument.for_field("document", f"{name}: no text to index")
+    return Parsed(
+        doc.doc_id,
+        doc.content_hash,
+        chunks,
+        len(doc.pages),
+        doc.flag_reasons(),
+        len(doc.tables),
+        doc.ocr_pages,
+    )
+
+
+def _store(parsed: Parsed, name: str, sink: DocumentSink, previous: str | None) -> FileResult:
+    sink.put(parsed.doc_id, parsed.content_hash, parsed.chunks)
+    return FileResult(
+        name,
+        parsed.doc_id,
+        "ingested" if previous is None else "replaced",
+        pages=parsed.pages,
+        chunks=len(parsed.chunks),
+        flagged=tuple(parsed.flagged),
+        flag_reasons=parsed.flagged,
+        tables=parsed.tables,
+        ocr_pages=parsed.ocr_pages,
+    )
+
+
 def ingest_one(
     data: bytes,
     name: str,
@@ -103,28 +230,56 @@ def ingest_one(
     limits: PdfLimits | None = None,
     collection: str = "default",
 ) -> FileResult:
-    """Parse, chunk and hand one document to the sink; failures become a ``failed`` result."""
+    """Parse, chunk and hand one document to the sink, in this process; failures become a
+    ``failed`` result."""
     doc_id = ""
     try:
         doc_id = doc_id_for(name)
         previous = sink.content_hash_of(doc_id)
-        unchanged = previous == document_identity(data)
-        if unchanged and sink.collection_of(doc_id) == collection:  # skip parsing entirely
-            return FileResult(name, doc_id, "unchanged")
-        doc = read_pdf(data, name, limits)
-        chunks = chunk_pages(
-            doc.doc_id, doc.content_hash, doc.pages, doc.source, chunker, doc.outline, collection
-        )
-        if not chunks:
-            raise InvalidArgument.for_field("document", f"{name}: no text to index")
-        sink.put(doc.doc_id, doc.content_hash, chunks)
+        identity = document_identity(data, settings_key(chunker, limits))
+        if previous == identity and sink.collection_of(doc_id) == collection:
+            return FileResult(name, doc_id, "unchanged")  # skip parsing entirely
+        return _store(parse_document(data, name, chunker, limits, collection), name, sink, previous)
     except RaglineError as exc:
         logger.warning("skipped %s: %s", name, exc.message)
         return FileResult(name, doc_id, "failed", reason=exc.message)
-    status: Status = "ingested" if previous is None else "replaced"
-    return FileResult(
-        name, doc_id, status, pages=len(doc.pages), chunks=len(chunks), flagged=doc.flagged
-    )
+
+
+def _limit_memory(megabytes: int) -> None:
+    """Worker initializer: cap the address space so one pathological file fails alone."""
+    if megabytes > 0:
+        import resource
+
+        cap = megabytes * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def parse_path(
+    path: str, chunker: ChunkerConfig | None, limits: PdfLimits | None, collection: str
+) -> Parsed | str:
+    """The worker task: a parsed document, or the reason it failed (never raises)."""
+    try:
+        return parse_document(Path(path).read_bytes(), Path(path).name, chunker, limits, collection)
+    except RaglineError as exc:
+        return exc.message
+    except MemoryError:
+        return "out of memory while parsing (over the worker memory limit)"
+    except OSError as exc:
+        return str(exc)
+    except Exception as exc:  # a bug or a PDF-library error: this file fails, the batch goes on
+        logger.exception("parsing %s failed", path)
+        return f"parser error: {type(exc).__name__}: {exc}"
+
+
+ParseFn = Callable[[str, ChunkerConfig | None, PdfLimits | None, str], Parsed | str]
+
+
+@dataclass(slots=True)
+class _Job:
+    path: Path
+    doc_id: str
+    previous: str | None
 
 
 def run_batch(
@@ -134,31 +289,138 @@ def run_batch(
     limits: PdfLimits | None = None,
     progress: bool = True,
     collection: str = "default",
+    workers: int = 1,
+    memory_limit_mb: int = 4096,
+    parse: ParseFn | None = None,
 ) -> IngestReport:
-    """Ingest files and directories into ``sink``, with a progress bar and a final report."""
+    """Ingest files and directories into ``sink``, with a progress bar and a final report.
+
+    ``workers`` processes parse in parallel (0: parse in this process); the index is written
+    from this process only, one document at a time, in file order. Each document lands whole
+    or not at all, so a killed batch run again finishes the rest: unchanged documents are
+    skipped by content hash before any parsing. A worker over ``memory_limit_mb`` fails only
+    the file it was parsing. ``parse`` replaces the parsing step (a module-level function, so
+    worker processes can import it; default :func:`parse_path`).
+    """
+    parse = parse or parse_path
     started = time.perf_counter()
     report = IngestReport()
     files = expand_paths(paths)
+    limit = (limits or PdfLimits()).max_bytes
+    key = settings_key(chunker, limits)
     seen: dict[str, Path] = {}
-    bar = tqdm(files, desc="ingest", unit="file", disable=not progress)
-    for path in bar:
-        bar.set_postfix_str(path.name)
+    jobs: list[_Job] = []
+    for path in files:
         doc_id = doc_id_for(path.name)
         if doc_id in seen:
             reason = f"document id {doc_id!r} already used by {seen[doc_id]} in this batch"
             report.results.append(FileResult(str(path), doc_id, "failed", reason=reason))
             continue
         seen[doc_id] = path
-        limit = (limits or PdfLimits()).max_bytes
         try:
-            if path.stat().st_size > limit:
-                raise OSError(f"{path.stat().st_size} bytes is over the limit of {limit}")
-            data = path.read_bytes()
+            size = path.stat().st_size
+            if size > limit:
+                raise OSError(f"{size} bytes is over the limit of {limit}")
+            identity = document_identity(path.read_bytes(), key)
         except OSError as exc:
             report.results.append(FileResult(str(path), doc_id, "failed", reason=str(exc)))
             continue
-        result = ingest_one(data, path.name, sink, chunker, limits, collection)
-        result.source = str(path)
-        report.results.append(result)
+        previous = sink.content_hash_of(doc_id)
+        if previous == identity and sink.collection_of(doc_id) == collection:
+            report.results.append(FileResult(str(path), doc_id, "unchanged"))
+            continue
+        jobs.append(_Job(path, doc_id, previous))
+    bar = tqdm(total=len(jobs), desc="ingest", unit="file", disable=not progress)
+    try:
+        if workers <= 0:
+            outcomes: Iterator[tuple[_Job, Parsed | str]] = (
+                (job, parse(str(job.path), chunker, limits, collection)) for job in jobs
+            )
+        else:
+            outcomes = _parse_in_workers(
+                jobs, parse, chunker, limits, collection, workers, memory_limit_mb
+            )
+        for job, outcome in outcomes:
+            bar.set_postfix_str(job.path.name)
+            if isinstance(outcome, str):
+                logger.warning("skipped %s: %s", job.path, outcome)
+                result = FileResult(str(job.path), job.doc_id, "failed", reason=outcome)
+            else:
+                result = _store(outcome, str(job.path), sink, job.previous)
+            report.results.append(result)
+            bar.update(1)
+    finally:
+        bar.close()
+    order = {str(p): i for i, p in enumerate(files)}
+    report.results.sort(key=lambda r: order.get(r.source, len(order)))
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _parse_in_workers(
+    jobs: list[_Job],
+    parse: ParseFn,
+    chunker: ChunkerConfig | None,
+    limits: PdfLimits | None,
+    collection: str,
+    workers: int,
+    memory_limit_mb: int,
+) -> Iterator[tuple[_Job, Parsed | str]]:
+    """Parse in a pool of worker processes, yielding in job order with at most ``2 * workers``
+    documents in flight. A worker that dies (over its memory limit, or a crash in the PDF
+    library) breaks the pool: the documents in flight are then retried one at a time in fresh
+    pools, so only the one that kills a worker on its own is reported failed."""
+    context = multiprocessing.get_context("spawn")
+
+    def pool(size: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            size, mp_context=context, initializer=_limit_memory, initargs=(memory_limit_mb,)
+        )
+
+    executor = pool(workers)
+    pending: deque[tuple[_Job, Future[Parsed | str]]] = deque()
+    queue = deque(jobs)
+    try:
+        while queue or pending:
+            try:
+                while queue and len(pending) < 2 * workers:
+                    future = executor.submit(parse, str(queue[0].path), chunker, limits, collection)
+                    pending.append((queue.popleft(), future))
+                outcome = pending[0][1].result()
+            except BrokenProcessPool:
+                executor.shutdown(cancel_futures=True)
+                for job, future in pending:
+                    if future.done() and future.exception() is None:
+                        yield job, future.result()
+                    else:
+                        yield (
+                            job,
+                            _parse_alone(
+                                job, parse, chunker, limits, collection, memory_limit_mb, pool
+                            ),
+                        )
+                pending.clear()
+                executor = pool(workers)
+                continue
+            yield pending.popleft()[0], outcome
+    finally:
+        executor.shutdown(cancel_futures=True)
+
+
+def _parse_alone(
+    job: _Job,
+    parse: ParseFn,
+    chunker: ChunkerConfig | None,
+    limits: PdfLimits | None,
+    collection: str,
+    memory_limit_mb: int,
+    pool: Callable[[int], ProcessPoolExecutor],
+) -> Parsed | str:
+    with pool(1) as solo:
+        try:
+            return solo.submit(parse, str(job.path), chunker, limits, collection).result()
+        except BrokenProcessPool:
+            return (
+                f"the parser process died (over its {memory_limit_mb} MiB memory limit, "
+                "or a crash in the PDF library)"
+            )

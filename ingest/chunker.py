@@ -1,34 +1,75 @@
 """Split a document into sections (from its outline), then each section into overlapping
-word windows that remember their pages and their title path."""
+windows, sized in the retrieval model's tokens (or in words), that remember their pages and
+their title path. Tables become chunks of their own."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ragline.types import Chunk
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkerConfig:
-    """Window sizes in words.
+    """Window sizes: in tokens of ``tokenizer`` when ``target_tokens`` is set, else in words.
 
-    180 words is ~230-280 WordPiece tokens on technical English, inside the 200-300 token target
-    and well under the SPLADE model's 512-token limit; 40 words of overlap keeps a sentence that
-    straddles a boundary whole in at least one chunk.
+    256 WordPiece tokens sits in the 200-300 token target and well under the SPLADE model's
+    512-token limit; 48 tokens of overlap keeps a sentence that straddles a boundary whole in
+    at least one chunk. Windows are cut between words, so a window may hold fewer tokens than
+    the target but never more (except a word longer than the whole target, kept alone). In
+    words, 180 is ~230-280 tokens on technical English, but code and identifiers tokenize
+    into many more pieces, hence tokens by default in the service.
     """
 
     target_words: int = 180
     overlap_words: int = 40
     min_words: int = 20
     """A trailing window shorter than this is merged into the previous chunk."""
+    target_tokens: int = 0
+    """0: windows in words. Otherwise the window size in tokens of ``tokenizer``."""
+    overlap_tokens: int = 48
+    tokenizer: str = ""
+    """A ``tokenizer.json`` (Hugging Face ``tokenizers``), or a model folder holding one."""
 
     def __post_init__(self) -> None:
         if self.target_words < 10:
             raise ValueError("target_words must be >= 10")
         if not 0 <= self.overlap_words < self.target_words:
             raise ValueError("overlap_words must be in [0, target_words)")
+        if self.target_tokens:
+            if self.target_tokens < 16:
+                raise ValueError("target_tokens must be >= 16")
+            if not 0 <= self.overlap_tokens < self.target_tokens:
+                raise ValueError("overlap_tokens must be in [0, target_tokens)")
+            if not self.tokenizer:
+                raise ValueError("target_tokens needs a tokenizer")
+
+
+@functools.cache
+def _tokenizer(path: str):  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer
+
+    file = Path(path)
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        raise ValueError(f"no tokenizer.json at {path}")
+    tokenizer = Tokenizer.from_file(str(file))
+    tokenizer.no_padding()  # a batch of words padded to the longest would inflate every count
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def token_counts(words: Sequence[str], tokenizer: str) -> list[int]:
+    """How many tokens (no special tokens) each word is, counted once per distinct word."""
+    unique = sorted(set(words))
+    encoded = _tokenizer(tokenizer).encode_batch(unique, add_special_tokens=False)
+    size = {w: max(1, len(e.ids)) for w, e in zip(unique, encoded, strict=True)}
+    return [size[w] for w in words]
 
 
 def chunk_id_for(content_hash: str, ordinal: int) -> str:
@@ -102,6 +143,8 @@ def chunk_pages(
     config: ChunkerConfig | None = None,
     outline: Sequence[OutlineEntry] = (),
     collection: str = "default",
+    tables: Sequence[str] = (),
+    quality: Sequence[float] = (),
 ) -> list[Chunk]:
     """Chunk a document's pages (page i is ``pages[i - 1]``) section by section.
 
@@ -109,35 +152,190 @@ def chunk_pages(
     windows that never cross a section boundary, so a chunk sits under exactly one title path.
     A section shorter than ``min_words`` (a heading with one line under it) is carried into the
     next section rather than indexed alone.
+
+    ``tables[i]`` is the text of the table marked ``[[ragline-table-i]]`` in the pages: each
+    becomes its own ``table`` chunk (split between rows, header repeated, when it is long)
+    under the section it sits in, and leaves the text windows. ``quality[i]`` is page i + 1's
+    text quality; a chunk carries the lowest of its pages'.
     """
     config = config or ChunkerConfig()
     chunks: list[Chunk] = []
     carry: Section | None = None
     sections = split_sections(pages, outline)
+
+    def add(text: str, spanned: Sequence[int], title_path: tuple[str, ...], kind: str) -> None:
+        page_set = tuple(sorted(set(spanned)))
+        ordinal = len(chunks)
+        chunks.append(
+            Chunk(
+                chunk_id=chunk_id_for(content_hash, ordinal),
+                doc_id=doc_id,
+                ordinal=ordinal,
+                text=text,
+                pages=page_set,
+                source=source,
+                title_path=title_path,
+                kind=kind,
+                collection=collection,
+                quality=min((quality[p - 1] for p in page_set if p <= len(quality)), default=1.0),
+            )
+        )
+
     for index, section in enumerate(sections):
         if carry is not None:
             section = Section(
                 section.title_path, carry.words + section.words, carry.pages + section.pages
             )
             carry = None
+        section, marks, code = _pull_marks(section)
+        for number, page in marks:
+            if number < len(tables):
+                for part in split_table(tables[number], config.target_words * 2):
+                    add(part, [page], section.title_path, "table")
         if len(section.words) < config.min_words and index < len(sections) - 1:
             carry = section
             continue
-        for start, end in _windows(len(section.words), config):
-            ordinal = len(chunks)
-            chunks.append(
-                Chunk(
-                    chunk_id=chunk_id_for(content_hash, ordinal),
-                    doc_id=doc_id,
-                    ordinal=ordinal,
-                    text=" ".join(section.words[start:end]),
-                    pages=tuple(sorted(set(section.pages[start:end]))),
-                    source=source,
-                    title_path=section.title_path,
-                    collection=collection,
-                )
+        in_code = [False] * len(section.words)
+        for a, b in code:
+            in_code[a:b] = [True] * (b - a)
+        for start, end in windows_of(section.words, config, code):
+            add(
+                " ".join(section.words[start:end]),
+                section.pages[start:end],
+                section.title_path,
+                "code" if sum(in_code[start:end]) >= 0.6 * (end - start) else "text",
             )
     return chunks
+
+
+_MARK = re.compile(r"\[\[ragline-table-(\d+)\]\]")
+_CODE_START, _CODE_END = "[[ragline-code]]", "[[/ragline-code]]"
+
+
+def _pull_marks(
+    section: Section,
+) -> tuple[Section, list[tuple[int, int]], list[tuple[int, int]]]:
+    """The section without its marks; each table mark's ``(table number, page)``; and the
+    ``[start, end)`` word spans of its code blocks."""
+    marks: list[tuple[int, int]] = []
+    code: list[tuple[int, int]] = []
+    opened: int | None = None
+    words: list[str] = []
+    pages: list[int] = []
+    for word, page in zip(section.words, section.pages, strict=True):
+        match = _MARK.fullmatch(word)
+        if match:
+            marks.append((int(match.group(1)), page))
+        elif word == _CODE_START:
+            opened = len(words)
+        elif word == _CODE_END:
+            if opened is not None and len(words) > opened:
+                code.append((opened, len(words)))
+            opened = None
+        else:
+            words.append(word)
+            pages.append(page)
+    return Section(section.title_path, words, pages), marks, code
+
+
+def split_table(text: str, max_words: int) -> list[str]:
+    """A table's text (caption, blank line, Markdown rows) in parts of at most ``max_words``
+    words, cut only between rows; every part repeats the caption and the header rows."""
+    lines = text.split("\n")
+    body_start = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
+    head_end = (
+        body_start + 2
+        if body_start + 1 < len(lines) and "---" in lines[body_start + 1]
+        else body_start + 1
+    )
+    head, rows = lines[:head_end], lines[head_end:]
+    if len(text.split()) <= max_words or not rows:
+        return [text]
+    budget = max(max_words - len(" ".join(head).split()), 1)
+    parts: list[list[str]] = [[]]
+    used = 0
+    for row in rows:
+        size = len(row.split())
+        if parts[-1] and used + size > budget:
+            parts.append([])
+            used = 0
+        parts[-1].append(row)
+        used += size
+    return ["\n".join(head + part) for part in parts]
+
+
+def windows_of(
+    words: Sequence[str], config: ChunkerConfig, code: Sequence[tuple[int, int]] = ()
+) -> list[tuple[int, int]]:
+    """``[start, end)`` windows over a section's words, in tokens or in words (see the
+    config), never cutting inside a ``code`` span that fits in a window."""
+    if not config.target_tokens:
+        if not code:
+            return _windows(len(words), config)
+        counts = [1] * len(words)
+        return _token_windows(
+            counts, config.target_words, config.overlap_words, config.min_words, code
+        )
+    counts = token_counts(words, config.tokenizer)
+    return _token_windows(
+        counts, config.target_tokens, config.overlap_tokens, config.min_words, code
+    )
+
+
+def _token_windows(
+    counts: Sequence[int],
+    target: int,
+    overlap: int,
+    min_words: int,
+    code: Sequence[tuple[int, int]] = (),
+) -> list[tuple[int, int]]:
+    """Windows of at most ``target`` tokens (a longer word alone excepted), each sharing its
+    last ``overlap`` tokens' words with the next; a tail adding under ``min_words`` words is
+    merged into the window before it when that stays within 1.25 x ``target``.
+
+    A window that would end inside a code span ends after it instead when that stays within
+    1.25 x ``target``, else before it (a code block longer than that is cut like text); the
+    next window starts after a code block the previous one holds whole, not inside it.
+    """
+    n = len(counts)
+    prefix = [0]
+    for c in counts:
+        prefix.append(prefix[-1] + c)
+    cut_in: dict[int, tuple[int, int]] = {}
+    for a, b in code:
+        for i in range(a + 1, b):
+            cut_in[i] = (a, b)
+    windows: list[tuple[int, int]] = []
+    start = 0
+    while start < n:
+        end, total = start, 0
+        while end < n and (end == start or total + counts[end] <= target):
+            total += counts[end]
+            end += 1
+        if end < n and end in cut_in:
+            a, b = cut_in[end]
+            if prefix[b] - prefix[start] <= target + target // 4:
+                end = b
+            elif a > start:
+                end = a
+        windows.append((start, end))
+        if end >= n:
+            break
+        back, shared = end, 0
+        while back - 1 > start and shared + counts[back - 1] <= overlap:
+            shared += counts[back - 1]
+            back -= 1
+        if back in cut_in and cut_in[back][1] <= end:
+            back = cut_in[back][1]  # the code block is whole in this window: start after it
+        start = back
+    if (
+        len(windows) > 1
+        and windows[-1][1] - windows[-2][1] < min_words
+        and sum(counts[windows[-2][0] :]) <= target + target // 4
+    ):
+        last = windows.pop()
+        windows[-1] = (windows[-1][0], last[1])
+    return windows
 
 
 def _windows(n: int, config: ChunkerConfig) -> list[tuple[int, int]]:

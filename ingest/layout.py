@@ -36,6 +36,60 @@ class Block:
     y0: float
     y1: float
     text: str
+    x0: float = 0.0
+    x1: float = 0.0
+    pinned: bool = False
+    """Never dropped as a header or footer (a table standing in the text)."""
+
+
+def reading_order(blocks: Sequence[Block], width: float) -> list[Block]:
+    """Blocks in reading order, column by column on a two-column page.
+
+    A gutter is a vertical strip in the middle 40% of the page that no block crosses, with at
+    least a fifth of the text on each side. Blocks that cross it (a title, a full-width figure
+    or table) cut the page into bands; within a band the left column is read top to bottom,
+    then the right. A page without a gutter keeps PyMuPDF's order (the content stream's, which
+    is right for single-column pages and for most two-column LaTeX output too).
+    """
+    middle = _gutter(blocks, width)
+    if middle is None:
+        return list(blocks)
+    ordered: list[Block] = []
+    band: list[Block] = []
+
+    def flush() -> None:
+        ordered.extend(sorted((b for b in band if b.x1 <= middle), key=lambda b: b.y0))
+        ordered.extend(sorted((b for b in band if b.x1 > middle), key=lambda b: b.y0))
+        band.clear()
+
+    for block in sorted(blocks, key=lambda b: b.y0):
+        if block.x0 < middle < block.x1:
+            flush()
+            ordered.append(block)
+        else:
+            band.append(block)
+    flush()
+    return ordered
+
+
+def _gutter(blocks: Sequence[Block], width: float) -> float | None:
+    """The x of the strip between two columns that the fewest blocks cross (see above)."""
+    lo, hi = width * 0.3, width * 0.7
+    body = [b for b in blocks if b.x1 > b.x0]
+    if len(body) < 4:
+        return None
+    edges = {b.x1 + 1 for b in body} | {b.x0 - 1 for b in body}
+    best: tuple[int, float] | None = None
+    for x in sorted(e for e in edges if lo <= e <= hi):
+        left = sum(len(b.text) for b in body if b.x1 <= x)
+        right = sum(len(b.text) for b in body if b.x0 >= x)
+        crossing = sum(len(b.text) for b in body if b.x0 < x < b.x1)
+        total = left + right + crossing
+        if min(left, right) < 0.2 * total or crossing >= 0.3 * total:
+            continue
+        if best is None or crossing < best[0]:
+            best = (crossing, x)
+    return None if best is None else best[1]
 
 
 def margin_key(text: str) -> str:
@@ -46,7 +100,7 @@ def running_lines(pages: Sequence[Sequence[Block]], heights: Sequence[float]) ->
     """Keys of margin blocks that recur on enough pages to be headers or footers."""
     counts: Counter[str] = Counter()
     for blocks, height in zip(pages, heights, strict=True):
-        keys = {margin_key(b.text) for b in blocks if _in_margin(b, height)}
+        keys = {margin_key(b.text) for b in blocks if not b.pinned and _in_margin(b, height)}
         counts.update(k for k in keys if k)
     return {key for key, n in counts.items() if n >= MIN_REPEATS}
 
@@ -55,8 +109,10 @@ def body_text(blocks: Sequence[Block], height: float, running: set[str]) -> str:
     """A page's text without running headers/footers and bare page numbers."""
     kept = []
     for block in blocks:
-        if _in_margin(block, height) and (
-            margin_key(block.text) in running or _PAGE_NUMBER.match(block.text)
+        if (
+            not block.pinned
+            and _in_margin(block, height)
+            and (margin_key(block.text) in running or _PAGE_NUMBER.match(block.text))
         ):
             continue
         kept.append(block.text.strip())

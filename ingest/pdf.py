@@ -4,23 +4,35 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import unicodedata
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pymupdf
 
-from ingest.layout import Block, body_text, running_lines, text_quality, title_paths
+from ingest.layout import (
+    Block,
+    body_text,
+    reading_order,
+    running_lines,
+    text_quality,
+    title_paths,
+)
+from ingest.tables import Table, extract_tables, looks_tabular
 from ragline.errors import InvalidArgument
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-4"
+PARSER_VERSION = b"ragline-parser-5"
 """Part of a document's identity: a parser change re-ingests unchanged files once."""
 
 
-def document_identity(data: bytes) -> str:
-    """The content hash chunk ids derive from: file bytes plus the parser version."""
-    return hashlib.sha256(PARSER_VERSION + data).hexdigest()
+def document_identity(data: bytes, settings: str = "") -> str:
+    """The content hash chunk ids derive from: file bytes, the parser version, and the
+    parsing/chunking settings (:func:`ingest.batch.settings_key`), so a changed setting
+    re-ingests unchanged files once instead of leaving them chunked the old way."""
+    return hashlib.sha256(PARSER_VERSION + settings.encode() + b"\0" + data).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +43,23 @@ class PdfLimits:
     max_pages: int = 5000
     min_quality: float = 0.5
     """Pages scoring below this (garbled text) are flagged and left out of the index."""
+    tables: bool = True
+    """Detect tables on pages that look tabular and index each as its own Markdown chunk."""
+    ocr: bool = True
+    """OCR pages without a text layer through Tesseract when it is installed."""
+    ocr_language: str = "eng"
+    allow_javascript: bool = False
+    """A PDF carrying JavaScript is refused unless this is set."""
+    max_stream_bytes: int = 256 * 1024 * 1024
+    """A Flate stream inflating past this is a decompression bomb, and the file is refused."""
+
+
+TABLE_MARK = "[[ragline-table-{}]]"
+"""Stands in a page's text where a table sat; the chunker turns it into the table's chunk."""
+TABLE_MARK_RE = re.compile(r"\[\[ragline-table-(\d+)\]\]")
+CODE_START, CODE_END = "[[ragline-code]]", "[[/ragline-code]]"
+"""Enclose a code block (monospaced text) in a page's text; the chunker never cuts inside."""
+CODE_MARK_RE = re.compile(r"\[\[/?ragline-code\]\]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +78,24 @@ class ParsedDocument:
     """Text quality per page, 0..1 (see ``ingest.layout.text_quality``)."""
     flagged: tuple[int, ...] = ()
     """1-based pages kept out of the index: no text, or quality under the threshold."""
+    tables: tuple[Table, ...] = ()
+    """Tables found, in page order; ``TABLE_MARK.format(i)`` marks table i in its page's text."""
+    ocr_pages: tuple[int, ...] = ()
+    """1-based pages whose text came from OCR."""
+    unreadable: tuple[int, ...] = ()
+    """1-based pages with no text layer that could not be OCR'd (Tesseract not installed)."""
+
+    def flag_reasons(self) -> dict[int, str]:
+        """Why each flagged page was left out."""
+        reasons = {}
+        for n in self.flagged:
+            if n in self.unreadable:
+                reasons[n] = "no text layer, not OCR'd (OCR off, or tesseract-ocr not installed)"
+            elif not self.pages[n - 1] and self.quality[n - 1] == 0:
+                reasons[n] = "no text"
+            else:
+                reasons[n] = f"garbled text (quality {self.quality[n - 1]:.2f})"
+        return reasons
 
 
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
@@ -73,7 +120,11 @@ def doc_id_for(name: str) -> str:
 
 
 def read_pdf(
-    data: bytes, name: str, limits: PdfLimits | None = None, doc_id: str | None = None
+    data: bytes,
+    name: str,
+    limits: PdfLimits | None = None,
+    doc_id: str | None = None,
+    settings_key: str = "",
 ) -> ParsedDocument:
     """Parse PDF bytes into cleaned page texts.
 
@@ -100,16 +151,21 @@ def read_pdf(
             raise bad("PDF has no pages")
         if doc.page_count > limits.max_pages:
             raise bad(f"{doc.page_count} pages is over the limit of {limits.max_pages}")
+        refused = refusal(doc, limits)
+        if refused:
+            raise bad(refused)
         try:
-            pages, titles, quality = _extract(doc)
+            extracted = _extract(doc, limits)
             outline = tuple(
                 (int(level), str(title), int(page))
                 for level, title, page, *_ in doc.get_toc(simple=True)
             )
         except Exception as exc:
             raise bad(f"corrupt PDF: text extraction failed ({exc})") from exc
+    pages, quality = extracted.texts, extracted.quality
     if not any(pages):
-        raise bad("no extractable text (scanned or image-only PDF)")
+        hint = "" if extracted.ocr_available else "; install tesseract-ocr to OCR it"
+        raise bad(f"no extractable text (scanned or image-only PDF{hint})")
     flagged = tuple(
         n
         for n, (text, q) in enumerate(zip(pages, quality, strict=True), start=1)
@@ -119,27 +175,187 @@ def read_pdf(
     return ParsedDocument(
         doc_id=doc_id or doc_id_for(name),
         source=Path(name).name,
-        content_hash=document_identity(data),
+        content_hash=document_identity(data, settings_key),
         pages=pages,
-        titles=titles,
+        titles=extracted.titles,
         outline=outline,
         quality=quality,
         flagged=flagged,
+        tables=extracted.tables,
+        ocr_pages=extracted.ocr_pages,
+        unreadable=tuple(n for n in extracted.unreadable if n in flagged),
     )
 
 
-def _extract(
-    doc: pymupdf.Document,
-) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...], tuple[float, ...]]:
-    """Page texts without running headers/footers, outline title paths, quality scores."""
-    blocks, heights = [], []
-    for page in doc.pages():
-        raw = page.get_text("blocks", flags=pymupdf.TEXT_DEHYPHENATE)
-        blocks.append([Block(b[1], b[3], b[4]) for b in raw if b[6] == 0 and b[4].strip()])
+def refusal(doc: pymupdf.Document, limits: PdfLimits) -> str | None:
+    """Why a PDF is refused before any page is read, or None. One pass over its objects:
+
+    - JavaScript (a ``/JS`` entry or a ``/S /JavaScript`` action), unless allowed;
+    - a decompression bomb: a Flate stream that inflates past ``max_stream_bytes``. Checked
+      by inflating at most that much, so the check itself stays bounded; only streams big
+      enough to get there at zlib's highest ratio (~1032:1) are checked.
+    """
+    big = limits.max_stream_bytes // 1032
+    for xref in range(1, doc.xref_length()):
+        try:
+            if not limits.allow_javascript and (
+                doc.xref_get_key(xref, "JS")[0] != "null"
+                or doc.xref_get_key(xref, "S") == ("name", "/JavaScript")
+            ):
+                return "PDF carries JavaScript (refused; allow_javascript ingests it)"
+            if not doc.xref_is_stream(xref) or "Flate" not in doc.xref_get_key(xref, "Filter")[1]:
+                continue
+            kind, length = doc.xref_get_key(xref, "Length")
+            if kind == "int" and int(length) < big:
+                continue
+            raw = doc.xref_stream_raw(xref)
+        except Exception:  # a broken object: the page reader will judge it
+            continue
+        if len(raw) >= big and _inflates_past(raw, limits.max_stream_bytes):
+            return (
+                f"decompression bomb: object {xref} inflates past "
+                f"{limits.max_stream_bytes // 2**20} MiB from {len(raw)} bytes"
+            )
+    return None
+
+
+def _inflates_past(raw: bytes, cap: int) -> bool:
+    """Whether zlib data inflates to more than ``cap`` bytes (inflating at most that much)."""
+    inflater = zlib.decompressobj()
+    total, data = 0, raw
+    try:
+        while data and total <= cap:
+            out = inflater.decompress(data, 1 << 22)
+            total += len(out)
+            data = inflater.unconsumed_tail
+    except zlib.error:
+        return False
+    return total > cap
+
+
+@dataclass(slots=True)
+class _Extracted:
+    texts: tuple[str, ...]
+    titles: tuple[tuple[str, ...], ...]
+    quality: tuple[float, ...]
+    tables: tuple[Table, ...]
+    ocr_pages: tuple[int, ...]
+    unreadable: tuple[int, ...]
+    ocr_available: bool
+
+
+def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
+    """Page texts in reading order without running headers/footers, with table marks; outline
+    title paths; quality scores; tables; OCR'd and unreadable pages."""
+    flags = pymupdf.TEXT_DEHYPHENATE
+    tessdata = _tessdata() if limits.ocr else None
+    pages: list[list[Block]] = []
+    heights: list[float] = []
+    tables: list[Table] = []
+    table_text: dict[str, str] = {}
+    ocr_pages: list[int] = []
+    unreadable: list[int] = []
+    for number, page in enumerate(doc.pages(), start=1):
+        textpage = None
+        text_layer = page.get_textpage(flags=flags)
+        raw = [
+            b
+            for b in page.get_text("blocks", flags=flags, textpage=text_layer)
+            if b[6] == 0 and b[4].strip()
+        ]
+        code = _code_blocks(page, text_layer) if raw else set()
+        if not raw and page.get_images():
+            if tessdata is None:
+                unreadable.append(number)
+            else:
+                textpage = page.get_textpage_ocr(
+                    flags=flags,
+                    language=limits.ocr_language,
+                    dpi=300,
+                    full=True,
+                    tessdata=tessdata,
+                )
+                raw = [
+                    b
+                    for b in page.get_text("blocks", flags=flags, textpage=textpage)
+                    if b[6] == 0 and b[4].strip()
+                ]
+                ocr_pages.append(number)
+        found: list[Table] = []
+        if limits.tables and raw and textpage is None:
+            words = [w[:5] for w in page.get_text("words", flags=flags)]
+            if looks_tabular(words, page.rect.width, "\n".join(b[4] for b in raw)):
+                found = extract_tables(page, [b[:5] for b in raw])
+        blocks = [
+            Block(b[1], b[3], _code(b[4]) if b[5] in code else b[4], b[0], b[2])
+            for b in raw
+            if not _inside(b, found)
+        ]
+        for table in found:
+            mark = TABLE_MARK.format(len(tables))
+            table_text[mark] = table.text()
+            tables.append(table)
+            x0, y0, x1, y1 = table.bbox
+            blocks.append(Block(y0, y1, mark, x0, x1, pinned=True))
+        pages.append(reading_order(blocks, page.rect.width))
         heights.append(page.rect.height)
-    running = running_lines(blocks, heights)
+    running = running_lines(pages, heights)
     texts = tuple(
-        clean_page_text(body_text(b, h, running)) for b, h in zip(blocks, heights, strict=True)
+        clean_page_text(body_text(b, h, running)) for b, h in zip(pages, heights, strict=True)
     )
-    titles = tuple(title_paths(doc.get_toc(simple=True), doc.page_count))
-    return texts, titles, tuple(text_quality(t) for t in texts)
+    quality = tuple(
+        text_quality(CODE_MARK_RE.sub("", TABLE_MARK_RE.sub(lambda m: table_text[m.group(0)], t)))
+        for t in texts
+    )
+    return _Extracted(
+        texts=texts,
+        titles=tuple(title_paths(doc.get_toc(simple=True), doc.page_count)),
+        quality=quality,
+        tables=tuple(tables),
+        ocr_pages=tuple(ocr_pages),
+        unreadable=tuple(unreadable),
+        ocr_available=tessdata is not None,
+    )
+
+
+def _code_blocks(page: pymupdf.Page, textpage: pymupdf.TextPage) -> set[int]:
+    """Numbers of the text blocks set (almost) wholly in a monospaced font: code."""
+    numbers = set()
+    for block in page.get_text("dict", textpage=textpage)["blocks"]:
+        if block.get("type") != 0:
+            continue
+        spans = [s for line in block["lines"] for s in line["spans"] if s["text"].strip()]
+        total = sum(len(s["text"]) for s in spans)
+        mono = sum(len(s["text"]) for s in spans if s["flags"] & pymupdf.TEXT_FONT_MONOSPACED)
+        if total and mono >= 0.9 * total:
+            numbers.add(block["number"])
+    return numbers
+
+
+def _code(text: str) -> str:
+    return f"{CODE_START}\n{text.strip()}\n{CODE_END}"
+
+
+def _inside(block: tuple, tables: list[Table]) -> bool:
+    """Whether a text block's centre lies in one of the tables (its text is in the table)."""
+    cx, cy = (block[0] + block[2]) / 2, (block[1] + block[3]) / 2
+    return any(
+        t.bbox[0] - 2 <= cx <= t.bbox[2] + 2 and t.bbox[1] - 2 <= cy <= t.bbox[3] + 2
+        for t in tables
+    )
+
+
+_TESSDATA: list[str | None] = []
+
+
+def _tessdata() -> str | None:
+    """Tesseract's language-data folder when Tesseract is installed, else None (cached)."""
+    if not _TESSDATA:
+        found = None
+        if shutil.which("tesseract"):
+            try:
+                found = pymupdf.get_tessdata()
+            except Exception:  # installed without language data
+                found = None
+        _TESSDATA.append(found or None)
+    return _TESSDATA[0]

@@ -28,8 +28,11 @@ class Chunk:
     title_path: tuple[str, ...] = ()
     """Section headings the chunk sits under, outermost first."""
     kind: str = "text"
+    """``text``, or ``table``: a Markdown table (header row first) with its caption."""
     collection: str = "default"
     """The collection the document was ingested into (a filter in searches)."""
+    quality: float = 1.0
+    """Text quality of the chunk's pages, 0..1 (the lowest of them; see ``ingest.layout``)."""
 
     def __post_init__(self) -> None:
         if not self.chunk_id or not self.doc_id:

@@ -38,6 +38,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   fi
   echo "$want" > "$stamp"
 fi
+# OCR for pages without a text layer: Debian's tesseract-ocr, when we may install it
+# (RAGLINE_NO_OCR=1 skips it; without it such pages are reported unreadable, never silently empty).
+if [ "${RAGLINE_NO_OCR:-0}" != "1" ] && ! command -v tesseract >/dev/null 2>&1 \
+  && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "== installing tesseract-ocr (OCR of scanned pages, ~30 s)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      tesseract-ocr tesseract-ocr-eng >/dev/null; } \
+    || echo "warning: tesseract-ocr not installed: scanned pages will be reported unreadable" >&2
+fi
 # Outside the stamp: var/ can be removed (make clean) while the venv stays.
 if [ "$want_vllm" = 1 ] && [ ! -f "$VLLM_MODEL_DIR/model.safetensors" ]; then
   echo "== converting the packaged SmolLM2 GGUF for vLLM (~20 s, 260 MB)"

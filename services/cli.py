@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -36,8 +37,6 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     from ingest.batch import run_batch
-    from ingest.chunker import ChunkerConfig
-    from ingest.pdf import PdfLimits
     from ragline.errors import RaglineError
     from services.gateway import check_collection
     from services.server import build_store
@@ -52,10 +51,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         report = run_batch(
             args.paths,
             store,
-            ChunkerConfig(i.target_words, i.overlap_words),
-            PdfLimits(i.max_bytes, i.max_pages, i.min_quality),
+            i.chunker(settings.retriever.splade_model),
+            i.pdf_limits(),
             progress=not args.quiet,
             collection=collection,
+            workers=i.workers if args.workers is None else args.workers,
+            memory_limit_mb=i.worker_memory_mib,
         )
     except RaglineError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -64,11 +65,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if result.status == "failed":
             print(f"FAILED  {result.source}: {result.reason}", file=sys.stderr)
         elif args.verbose:
-            counts = f"{result.pages} pages, {result.chunks} chunks"
-            if result.flagged:
-                counts += f", pages left out: {', '.join(map(str, result.flagged))}"
+            counts = f"{result.pages} pages, {result.tables} tables, {result.chunks} chunks"
+            if result.ocr_pages:
+                counts += f", OCR on pages {', '.join(map(str, result.ocr_pages))}"
             print(f"{result.status:<9} {result.source} ({counts})")
+        for page, why in result.flag_reasons.items():
+            print(f"page left out: {result.source} p.{page}: {why}", file=sys.stderr)
     print(report.summary())
+    if args.report:
+        report.write_json(Path(args.report))
     print(
         f"index {settings.retriever.index_dir}: generation {store.view.generation}, "
         f"{len(store.view.chunks)} chunks"
@@ -299,9 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ingest",
         help="ingest PDF files or directories into the index (batch)",
-        description="Parse, chunk, SPLADE-encode and index PDFs. Unchanged files "
-        "are skipped; a changed file replaces its chunks; a bad file is reported "
-        "and skipped. Exit 1 if any file failed.",
+        description="Parse, chunk, SPLADE-encode and index PDFs. Tables on pages that "
+        "look tabular become Markdown chunks (kind=table); two-column pages read column by "
+        "column; pages without text are OCR'd when tesseract-ocr is installed. Unchanged "
+        "files are skipped by content hash, so an interrupted run, run again, finishes the "
+        "rest; a changed file replaces its chunks; a bad file (corrupt, encrypted, "
+        "JavaScript, decompression bomb, over the limits) is reported and skipped. "
+        "Exit 1 if any file failed.",
     )
     p.add_argument("paths", nargs="+", help="PDF files or directories (searched recursively)")
     p.add_argument(
@@ -309,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="collection the documents join, for filtered searches (default: default)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="parser processes (default: RAGLINE_INGEST_WORKERS, 1; 0 = in this process)",
+    )
+    p.add_argument("--report", help="also write the report (every file, why it failed) as JSON")
     p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)

@@ -31,6 +31,7 @@ def chunk_to_pb(chunk: Chunk) -> common_pb2.Chunk:
         title_path=list(chunk.title_path),
         kind=chunk.kind,
         collection=chunk.collection,
+        quality=chunk.quality,
     )
 
 
@@ -45,6 +46,7 @@ def chunk_from_pb(pb: common_pb2.Chunk) -> Chunk:
         title_path=tuple(pb.title_path),
         kind=pb.kind or "text",
         collection=pb.collection or "default",
+        quality=pb.quality if pb.HasField("quality") else 1.0,
     )
 
 

@@ -68,6 +68,8 @@ class Gateway:
         pdf_limits: PdfLimits | None = None,
         default_options: SearchOptions | None = None,
         fallback_filter: EvidenceFilter | None = None,
+        ingest_workers: int = 1,
+        worker_memory_mib: int = 4096,
     ) -> None:
         self.store = store
         self.retriever = retriever
@@ -81,6 +83,9 @@ class Gateway:
         self.evidence_k = evidence_k
         self.chunker = chunker
         self.pdf_limits = pdf_limits
+        self.ingest_workers = ingest_workers
+        """Parser processes for server-side paths (0: parse in the server process)."""
+        self.worker_memory_mib = worker_memory_mib
         self.default_options = default_options or SearchOptions()
         self._ingest_lock = asyncio.Lock()
 
@@ -258,6 +263,8 @@ class Gateway:
                 self.pdf_limits,
                 False,
                 collection,
+                self.ingest_workers,
+                self.worker_memory_mib,
             )
             for name, data in documents:
                 report.results.append(

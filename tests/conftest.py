@@ -102,7 +102,9 @@ def make_settings(tmp: Path, redis_url: str) -> Settings:
     # The SPLADE floor, whatever checkpoint this checkout holds: the classifier has its own
     # tests (tests/integration/test_credibility.py) with a model trained there.
     settings.credibility.backend = "score_floor"
-    # Small chunks so the short generated pages land in different chunks.
+    # Small chunks, in words, so the short generated pages land in different chunks (the
+    # token windows the service uses by default have their own tests).
+    settings.ingest.target_tokens = 0
     settings.ingest.target_words = 40
     settings.ingest.overlap_words = 5
     return settings

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ingest.chunker import ChunkerConfig, chunk_id_for, chunk_pages, split_sections
@@ -93,3 +95,69 @@ def test_unfound_heading_starts_where_the_previous_text_ended() -> None:
     chunks = chunk_pages("d", "0" * 64, pages, outline=[(1, "Nowhere in the text", 2)])
     assert [c.title_path for c in chunks] == [(), ("Nowhere in the text",)]
     assert chunks[1].text.split()[0] == "b0"
+
+
+def test_token_windows_stay_under_the_target_and_overlap() -> None:
+    from ingest.chunker import _token_windows
+
+    counts = [1, 3, 2, 7, 1, 1, 4, 2, 2, 5, 1, 1, 1, 3] * 20
+    windows = _token_windows(counts, target=32, overlap=8, min_words=3)
+    assert windows[0][0] == 0 and windows[-1][1] == len(counts)
+    for (s1, e1), (s2, _) in zip(windows, windows[1:], strict=False):
+        assert sum(counts[s1:e1]) <= 32
+        assert s1 < s2 < e1  # overlapping, always moving on
+        assert sum(counts[s2:e1]) <= 8
+    # a word longer than the target stands alone
+    assert _token_windows([2, 50, 2], target=16, overlap=4, min_words=1) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_chunks_sized_in_the_splade_tokenizer_s_tokens() -> None:
+    from tokenizers import Tokenizer
+
+    from retriever.models import PACKAGED_SPLADE, resolve_splade
+
+    folder = resolve_splade(PACKAGED_SPLADE)
+    config = ChunkerConfig(target_tokens=64, overlap_tokens=12, tokenizer=folder)
+    text = "The function read.fwf() reads fixed-width-format files; pass widths=c(1,2,3). " * 40
+    chunks = chunk_pages("d", "0" * 64, [text], config=config)
+    tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
+    sizes = [len(tokenizer.encode(c.text, add_special_tokens=False).ids) for c in chunks]
+    assert len(chunks) > 5 and max(sizes[:-1]) <= 64 and min(sizes[:-1]) >= 40
+    assert sizes[-1] <= 80  # a short tail may be merged, up to 1.25 x the target
+    with pytest.raises(ValueError, match="tokenizer"):
+        ChunkerConfig(target_tokens=64)
+
+
+def test_windows_never_cut_inside_a_code_block_that_fits() -> None:
+    from ingest.chunker import _token_windows
+
+    counts = [1] * 100
+    code = [(35, 50), (80, 97)]
+    windows = _token_windows(counts, target=40, overlap=8, min_words=3, code=code)
+    for start, end in windows:
+        for a, b in code:
+            assert not (a < end < b), (start, end)  # no window ends inside a code block
+            assert not (a < start < b), (start, end)  # nor starts inside one
+    assert any(s <= 35 and e >= 50 for s, e in windows)  # each block whole in some window
+    assert any(s <= 80 and e >= 97 for s, e in windows)
+    # a block longer than 1.25 x the target is cut like text
+    long_code = _token_windows([1] * 100, target=20, overlap=4, min_words=3, code=[(10, 90)])
+    assert len(long_code) > 3
+
+
+def test_code_blocks_become_code_chunks(tmp_path: Path) -> None:
+    import pymupdf
+
+    from ingest.batch import parse_document
+
+    doc = pymupdf.open()
+    page = doc.new_page()
+    prose = "Reading data files is explained here with words about the functions. " * 2
+    page.insert_textbox(pymupdf.Rect(56, 56, 540, 120), prose, fontsize=10)
+    code = "\n".join(f"x{i} <- read.table('file{i}.dat', header = TRUE)" for i in range(12))
+    page.insert_textbox(pymupdf.Rect(56, 130, 540, 500), code, fontsize=9, fontname="cour")
+    doc.save(tmp_path / "code.pdf")
+    parsed = parse_document((tmp_path / "code.pdf").read_bytes(), "code.pdf")
+    assert [c.kind for c in parsed.chunks] == ["code"]
+    assert "x0 <-" in parsed.chunks[0].text and "x11 <-" in parsed.chunks[0].text
+    assert "ragline-code" not in parsed.chunks[0].text

@@ -1,0 +1,186 @@
+"""Ingest on real PDFs: golden pages of the R manuals, and the batch job (parallel workers,
+bad input, a killed run resumed) writing to a real index."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pymupdf
+import pytest
+
+from ingest.batch import Parsed, parse_document, parse_path, run_batch
+from ingest.chunker import ChunkerConfig
+from ingest.pdf import PdfLimits
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from tests.conftest import MANUAL_PAGES, ROOT
+from tests.unit.test_ingest_layout import bomb_pdf, javascript_pdf
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def r_intro(r_manuals: Path):  # type: ignore[no-untyped-def]
+    path = r_manuals / "R-intro.pdf"
+    return parse_document(path.read_bytes(), path.name)
+
+
+@pytest.fixture(scope="module")
+def r_data(r_manuals: Path):  # type: ignore[no-untyped-def]
+    path = r_manuals / "R-data.pdf"
+    return parse_document(path.read_bytes(), path.name)
+
+
+def test_golden_distribution_table_is_one_markdown_chunk(r_intro) -> None:  # type: ignore[no-untyped-def]
+    tables = [c for c in r_intro.chunks if c.kind == "table" and c.pages == (42,)]
+    assert len(tables) == 1
+    lines = tables[0].text.split("\n")
+    assert lines[0] == "| Distribution | R name | additional arguments |"
+    assert lines[1] == "| --- | --- | --- |"
+    assert "| hypergeometric | hyper | m, n, k |" in lines
+    assert "| log-normal | lnorm | meanlog, sdlog |" in lines
+    assert tables[0].title_path[0] == "8 Probability distributions"
+    # the cells left the text chunks: no text chunk of page 42 repeats the table's rows
+    text42 = [c.text for c in r_intro.chunks if c.kind == "text" and 42 in c.pages]
+    assert text42 and not any("meanlog, sdlog" in t for t in text42)
+
+
+def test_golden_kalythos_table_keeps_its_row_labels(r_intro) -> None:  # type: ignore[no-untyped-def]
+    tables = [c.text for c in r_intro.chunks if c.kind == "table" and c.pages == (68,)]
+    assert any("| No. blind: | 6 | 17 | 26 | 37 | 44 |" in t for t in tables), tables
+
+
+def test_golden_hyphenation_is_rejoined(r_data) -> None:  # type: ignore[no-untyped-def]
+    # R-data p.14 breaks "rep-/resentations" across lines
+    page14 = " ".join(c.text for c in r_data.chunks if 14 in c.pages)
+    assert "representations" in page14 and "rep- resentations" not in page14
+
+
+def test_golden_running_header_is_not_in_chunks(r_data) -> None:  # type: ignore[no-untyped-def]
+    # every page of chapter 2 is headed "Chapter 2: Spreadsheet-like data" and a page number
+    assert not any("Chapter 2: Spreadsheet-like data" in c.text for c in r_data.chunks)
+    assert any(
+        c.title_path == ("2 Spreadsheet-like data", "Fixed-width-format files")
+        and "read.fwf" in c.text
+        for c in r_data.chunks
+    )
+    assert all(0.5 <= c.quality <= 1.0 for c in r_data.chunks)
+
+
+def bad_files(folder: Path, make_pdf: Callable[..., Path]) -> dict[str, str]:
+    """One file per kind of bad input, and the reason each must be reported with."""
+    (folder / "notes.pdf").write_text("this is not a pdf")
+    good = make_pdf("good.pdf", MANUAL_PAGES)
+    (folder / "truncated.pdf").write_bytes(good.read_bytes()[:300])
+    locked = pymupdf.open(good)
+    aes = pymupdf.PDF_ENCRYPT_AES_256  # type: ignore[attr-defined]
+    locked.save(folder / "locked.pdf", encryption=aes, user_pw="pw")
+    javascript_pdf(folder / "script.pdf")
+    bomb_pdf(folder / "bomb.pdf", inflated_mib=40)
+    make_pdf("long.pdf", ["page"] * 12)
+    return {
+        "notes.pdf": "not a PDF",
+        "truncated.pdf": "corrupt",
+        "locked.pdf": "encrypted",
+        "script.pdf": "JavaScript",
+        "bomb.pdf": "decompression bomb",
+        "long.pdf": "12 pages is over the limit of 10",
+    }
+
+
+def test_batch_with_two_workers_reports_each_bad_file_and_lands_the_rest(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    expected = bad_files(tmp_path, make_pdf)
+    make_pdf("notes-2.pdf", ["Release notes: the frobnicator 2.1 adds IPv6 support."])
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+    limits = PdfLimits(max_pages=10, max_stream_bytes=16 * 2**20)
+    report = run_batch([tmp_path], store, limits=limits, progress=False, workers=2)
+    by_name = {Path(r.source).name: r for r in report.results}
+    assert [Path(r.source).name for r in report.results] == sorted(by_name)  # file order
+    for name, reason in expected.items():
+        assert by_name[name].status == "failed" and reason in by_name[name].reason, name
+    assert by_name["good.pdf"].status == by_name["notes-2.pdf"].status == "ingested"
+    assert {c.doc_id for c in store.view.chunks} == {"good", "notes-2"}
+    summary = report.to_dict()
+    assert summary["failed"] == len(expected) and summary["ingested"] == 2
+
+
+def parse_or_die(
+    path: str, chunker: ChunkerConfig | None, limits: PdfLimits | None, collection: str
+) -> Parsed | str:
+    """The real parser, except that a file named ``crash*`` kills its worker process, as a
+    crash inside the PDF library or the kernel's OOM killer would."""
+    if Path(path).name.startswith("crash"):
+        os._exit(1)
+    return parse_path(path, chunker, limits, collection)
+
+
+def test_a_worker_that_dies_fails_only_its_file(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    for name in ("a.pdf", "b.pdf", "crash.pdf", "d.pdf", "e.pdf"):
+        make_pdf(name, [f"{name}: " + MANUAL_PAGES[0]])
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+    report = run_batch([tmp_path], store, progress=False, workers=2, parse=parse_or_die)
+    statuses = {Path(r.source).name: r.status for r in report.results}
+    assert statuses == {
+        "a.pdf": "ingested",
+        "b.pdf": "ingested",
+        "crash.pdf": "failed",
+        "d.pdf": "ingested",
+        "e.pdf": "ingested",
+    }
+    assert "parser process died" in report.results[2].reason
+    assert {c.doc_id for c in store.view.chunks} == {"a", "b", "d", "e"}
+
+
+@pytest.mark.slow
+def test_killed_ingest_resumes_without_duplicates_or_losses(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for n in range(6):
+        pages = [f"Document {n} page {p}: " + " ".join(MANUAL_PAGES) for p in range(3)]
+        make_pdf(f"docs/doc{n}.pdf", pages)
+    env = {
+        **os.environ,
+        "RAGLINE_RETRIEVER_INDEX_DIR": str(tmp_path / "index"),
+        "RAGLINE_INGEST_TARGET_TOKENS": "56",
+        "RAGLINE_INGEST_OVERLAP_TOKENS": "8",
+    }
+    ragline = str(Path(sys.executable).parent / "ragline")
+    command = [ragline, "ingest", str(docs)]
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    assert first.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + 300
+    while "2/6" not in seen and time.monotonic() < deadline:  # two documents landed
+        seen += first.stderr.read(1)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert "2/6" in seen, seen
+
+    again = [ragline, "-v", "ingest", str(docs)]
+    second = subprocess.run(again, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    statuses = Counter(line.split()[0] for line in second.stdout.splitlines() if "docs/" in line)
+    assert statuses["unchanged"] >= 2 and statuses["unchanged"] + statuses["ingested"] == 6
+
+    index = IndexStore(tmp_path / "index", encoder)
+    index.load()
+    chunks = index.view.chunks
+    assert {c.doc_id for c in chunks} == {f"doc{n}" for n in range(6)}
+    assert len({c.chunk_id for c in chunks}) == len(chunks)
+    per_doc = Counter(c.doc_id for c in chunks)
+    assert len(set(per_doc.values())) == 1  # the same pages: the same chunk count each
