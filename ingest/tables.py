@@ -42,10 +42,14 @@ class Table:
     bbox: tuple[float, float, float, float]
     rows: int
     columns: int
+    lead: str = ""
+    """Without a caption: the sentence just above the table that introduces it ("The data is
+    shown below:"), so the chunk says what the table is about."""
 
     def text(self) -> str:
-        """What is indexed: the caption, then the Markdown table."""
-        return f"{self.caption}\n\n{self.markdown}" if self.caption else self.markdown
+        """What is indexed: the caption (or the lead-in sentence), then the Markdown table."""
+        title = self.caption or self.lead
+        return f"{title}\n\n{self.markdown}" if title else self.markdown
 
 
 def gutter(words: Sequence[Word], width: float) -> float | None:
@@ -192,10 +196,12 @@ def extract_tables(
         if len(header) < 2 or not rows or _leaders(rows) > 0.3 * len(rows):
             continue
         bbox = tuple(float(v) for v in table.bbox)
+        caption = _caption_for(bbox, blocks)
         tables.append(
             Table(
                 markdown=to_markdown(header, rows),
-                caption=_caption_for(bbox, blocks),
+                caption=caption,
+                lead="" if caption else _lead_for(bbox, blocks, page.rect.height),
                 bbox=(bbox[0], bbox[1], bbox[2], bbox[3]),
                 rows=len(rows) + 1,
                 columns=len(header),
@@ -228,6 +234,32 @@ def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "| " + " | ".join(cells) + " |"
 
     return "\n".join([line(header), line(["---"] * width), *(line(r) for r in rows)])
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?:])\s+(?=[A-Z])")
+
+
+def _lead_for(
+    bbox: tuple[float, ...],
+    blocks: Sequence[tuple[float, float, float, float, str]],
+    height: float,
+) -> str:
+    """The last sentence (at most 40 words) of the text block ending just above the table
+    (within 24 pt, overlapping it horizontally, outside the top margin)."""
+    above = [
+        b
+        for b in blocks
+        if bbox[1] - 24 <= b[3] <= bbox[1] + 2
+        and b[2] > bbox[0]
+        and b[0] < bbox[2]
+        and b[1] > 0.1 * height
+    ]
+    if not above:
+        return ""
+    text = " ".join(unicodedata.normalize("NFKC", max(above, key=lambda b: b[3])[4]).split())
+    sentence = _SENTENCE_END.split(text)[-1]
+    words = sentence.split()
+    return " ".join(words[-40:]) if len(words) >= 3 else ""
 
 
 def _caption_for(
