@@ -3,6 +3,7 @@ bad input, a killed run resumed) writing to a real index."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -173,11 +174,15 @@ def test_killed_ingest_resumes_without_duplicates_or_losses(
     first.wait()
     assert "2/6" in seen, seen
 
-    again = [ragline, "-v", "ingest", str(docs)]
+    report_file = tmp_path / "report.json"
+    again = [ragline, "-v", "ingest", str(docs), "--workers", "2", "--report", str(report_file)]
     second = subprocess.run(again, cwd=ROOT, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
     statuses = Counter(line.split()[0] for line in second.stdout.splitlines() if "docs/" in line)
     assert statuses["unchanged"] >= 2 and statuses["unchanged"] + statuses["ingested"] == 6
+    report = json.loads(report_file.read_text())
+    assert report["unchanged"] == statuses["unchanged"] and report["failed"] == 0
+    assert [Path(f["source"]).name for f in report["files"]] == [f"doc{n}.pdf" for n in range(6)]
 
     index = IndexStore(tmp_path / "index", encoder)
     index.load()

@@ -67,3 +67,12 @@ def test_limits_are_enforced(make_pdf: Callable[..., Path]) -> None:
         read_pdf(path.read_bytes(), path.name, PdfLimits(max_pages=2))
     with pytest.raises(InvalidArgument, match="bytes is over the limit"):
         read_pdf(path.read_bytes(), path.name, PdfLimits(max_bytes=10))
+
+
+def test_zero_page_pdf_is_refused() -> None:
+    data = (
+        b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n"
+        b"2 0 obj<</Type/Pages/Kids[]/Count 0>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF\n"
+    )
+    with pytest.raises(InvalidArgument, match="no pages"):
+        read_pdf(data, "empty.pdf")
