@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from generator.budget import TokenBudget
 from generator.contract import check_answer
 from generator.prompt import build_messages
 from ragline.types import Answer, Hit
@@ -27,15 +28,17 @@ class AnswerGenerator:
         self,
         backend: TextBackend,
         max_new_tokens: int = 96,
-        max_evidence_chars: int = 3000,
+        max_evidence_tokens: int = 768,
         min_support: float = 0.9,
         key_window: int = 8,
         focus_sentences: int = 3,
         quote: bool = True,
+        tokenizer: str = "",
     ) -> None:
         self.backend = backend
         self.max_new_tokens = max_new_tokens
-        self.max_evidence_chars = max_evidence_chars
+        self.max_evidence_tokens = max_evidence_tokens
+        self.budget = TokenBudget(tokenizer)
         self.min_support = min_support
         self.key_window = key_window
         self.focus_sentences = focus_sentences
@@ -51,7 +54,9 @@ class AnswerGenerator:
         if not evidence:
             yield Answer.insufficient_info("no_evidence")
             return
-        messages = build_messages(question, evidence, self.max_evidence_chars, self.focus_sentences)
+        messages = build_messages(
+            question, evidence, self.max_evidence_tokens, self.focus_sentences, self.budget
+        )
         parts: list[str] = []
         async for delta in self.backend.stream(messages, max_new_tokens or self.max_new_tokens):
             parts.append(delta)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from generator.budget import TokenBudget
 from generator.text import stems
 from ragline.types import INSUFFICIENT_INFO, Hit
 
@@ -52,28 +53,41 @@ def focus(question: str, text: str, max_sentences: int) -> str:
 
 
 def render_passages(
-    evidence: Sequence[Hit], max_chars: int, question: str = "", focus_sentences: int = 0
+    evidence: Sequence[Hit],
+    max_tokens: int,
+    question: str = "",
+    focus_sentences: int = 0,
+    budget: TokenBudget | None = None,
 ) -> str:
-    """Number the passages [1]..[n], truncated to a character budget (best first).
+    """Number the passages [1]..[n] within ``max_tokens`` of evidence: passages come best
+    first, so the lowest-ranked are cut first (a passage that does not fit whole is cut at a
+    token boundary; one with no room left is dropped).
 
     Sources and pages stay out of the prompt: small models copy such headers instead of
     answering. Citations map [n] back to chunk, document and pages afterwards.
     """
+    budget = budget or TokenBudget()
     parts = []
-    budget = max_chars
+    left = max_tokens
     for number, hit in enumerate(evidence, start=1):
         chunk = hit.chunk
         text = focus(question, chunk.text, focus_sentences) if question else chunk.text
-        text = text[: max(budget, 0)]
-        budget -= len(text)
+        text = budget.truncate(text, left)
+        if not text.strip():
+            break
+        left -= budget.count(text)
         parts.append(f"[{number}] {text}")
     return "\n\n".join(parts)
 
 
 def build_messages(
-    question: str, evidence: Sequence[Hit], max_evidence_chars: int = 3000, focus_sentences: int = 0
+    question: str,
+    evidence: Sequence[Hit],
+    max_evidence_tokens: int = 768,
+    focus_sentences: int = 0,
+    budget: TokenBudget | None = None,
 ) -> list[dict[str, str]]:
     """Chat messages for an instruct model's chat template."""
-    passages = render_passages(evidence, max_evidence_chars, question, focus_sentences)
+    passages = render_passages(evidence, max_evidence_tokens, question, focus_sentences, budget)
     user = f"Passages:\n{passages}\n\nQuestion: {question}"
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]

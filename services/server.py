@@ -165,7 +165,8 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
     generator = AnswerGenerator(
         build_text_backend(settings),
         max_new_tokens=g.max_new_tokens,
-        max_evidence_chars=g.max_evidence_chars,
+        max_evidence_tokens=g.max_evidence_tokens,
+        tokenizer=str(g.vllm_model_dir),
         min_support=g.min_support,
         key_window=g.key_window,
         focus_sentences=g.focus_sentences,

@@ -283,8 +283,11 @@ class GeneratorSettings(BaseSettings):
     )
     evidence_k: int = Field(4, ge=1, le=20, description="Passages given to the model.")
     max_new_tokens: int = Field(96, ge=1, le=4096, description="Generated tokens at most.")
-    max_evidence_chars: int = Field(
-        3000, ge=100, description="Evidence text budget; lowest-ranked passages are cut first."
+    max_evidence_tokens: int = Field(
+        768,
+        ge=16,
+        description="Evidence budget in the model's tokens (its tokenizer.json from "
+        "VLLM_MODEL_DIR; else 4 characters a token); lowest-ranked passages are cut first.",
     )
     min_support: float = Field(
         0.9,

