@@ -286,11 +286,10 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
             words = [w[:5] for w in page.get_text("words", flags=flags)]
             if looks_tabular(words, page.rect.width, "\n".join(b[4] for b in raw)):
                 found = extract_tables(page, [b[:5] for b in raw])
-        blocks = [
-            Block(b[1], b[3], _code(b[4]) if b[5] in code else b[4], b[0], b[2])
-            for b in raw
-            if not _inside(b, found)
-        ]
+        # A table's words also stay in the text, in reading order: the text chunk around a
+        # table keeps its context (measured: dropping them cost retrieval), the table chunk
+        # keeps its structure.
+        blocks = [Block(b[1], b[3], _code(b[4]) if b[5] in code else b[4], b[0], b[2]) for b in raw]
         for table in found:
             mark = TABLE_MARK.format(len(tables))
             table_text[mark] = table.text()
@@ -334,15 +333,6 @@ def _code_blocks(page: pymupdf.Page, textpage: pymupdf.TextPage) -> set[int]:
 
 def _code(text: str) -> str:
     return f"{CODE_START}\n{text.strip()}\n{CODE_END}"
-
-
-def _inside(block: tuple, tables: list[Table]) -> bool:
-    """Whether a text block's centre lies in one of the tables (its text is in the table)."""
-    cx, cy = (block[0] + block[2]) / 2, (block[1] + block[3]) / 2
-    return any(
-        t.bbox[0] - 2 <= cx <= t.bbox[2] + 2 and t.bbox[1] - 2 <= cy <= t.bbox[3] + 2
-        for t in tables
-    )
 
 
 _TESSDATA: list[str | None] = []

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -452,10 +453,31 @@ class IndexStore:
 
 def encoding_text(chunk: Chunk) -> str:
     """What SPLADE encodes: the section title path, then the text. Headings carry the topic
-    that running headers used to repeat on every page ("2 Spreadsheet-like data")."""
+    that running headers used to repeat on every page ("2 Spreadsheet-like data"). A table is
+    encoded without its Markdown syntax (pipes, the separator row): only its words."""
+    text = _table_words(chunk.text) if chunk.kind == "table" else chunk.text
     if not chunk.title_path:
-        return chunk.text
-    return " > ".join(chunk.title_path) + "\n" + chunk.text
+        return text
+    return " > ".join(chunk.title_path) + "\n" + text
+
+
+_SEPARATOR_ROW = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
+
+
+def _table_words(text: str) -> str:
+    """A Markdown table's text as lines of words: ``| a | b |`` → ``a b``; the ``---`` row
+    dropped. (Measured on the eval's table questions: pipes in the encoded text pushed the
+    table chunk below plain text about it.)"""
+    lines = []
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if _SEPARATOR_ROW.match(stripped):
+            continue
+        if stripped.startswith("|"):
+            stripped = " ".join(c.strip() for c in stripped.strip("|").split("|") if c.strip())
+        if stripped:
+            lines.append(stripped)
+    return "\n".join(lines)
 
 
 def _read_manifest(snap: Path) -> dict:

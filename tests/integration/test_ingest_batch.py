@@ -20,7 +20,7 @@ from ingest.batch import Parsed, parse_document, parse_path, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
+from retriever.store import IndexStore, encoding_text
 from tests.conftest import MANUAL_PAGES, ROOT
 from tests.unit.test_ingest_layout import bomb_pdf, javascript_pdf
 
@@ -50,9 +50,12 @@ def test_golden_distribution_table_is_one_markdown_chunk(r_intro) -> None:  # ty
     assert "| hypergeometric | hyper | m, n, k |" in lines
     assert "| log-normal | lnorm | meanlog, sdlog |" in lines
     assert tables[0].title_path[0] == "8 Probability distributions"
-    # the cells left the text chunks: no text chunk of page 42 repeats the table's rows
+    # the words stay in the text chunks too, in reading order, for the context around them
     text42 = [c.text for c in r_intro.chunks if c.kind == "text" and 42 in c.pages]
-    assert text42 and not any("meanlog, sdlog" in t for t in text42)
+    assert any("log-normal lnorm meanlog, sdlog" in t for t in text42)
+    # what SPLADE encodes of the table: its words, without the Markdown syntax
+    encoded = encoding_text(tables[0])
+    assert "hypergeometric hyper m, n, k" in encoded and "|" not in encoded
 
 
 def test_golden_kalythos_table_keeps_its_row_labels(r_intro) -> None:  # type: ignore[no-untyped-def]
