@@ -6,8 +6,9 @@
 Each configuration runs the real batch job (``ingest.batch.run_batch``: worker processes,
 content hashing, the report) into a sink that only counts, so the figures are parsing's
 alone: tables off, then tables on with 1 and 2 worker processes. Pages/s is wall-clock over
-all files; peak RSS is this process's and the largest worker's. Per-file figures come from
-one in-process pass with tables on.
+all files; "worker RSS" is the largest worker's peak so far (the configurations run first,
+while this process is small: a worker's peak counts the parent's pages it was forked from).
+Per-file figures come from one in-process pass with tables on, afterwards.
 
 Prints a table and writes ``bench/out/ingest.json``. SPLADE encoding is measured separately
 (``bench/slice.py``): parsing must stay ahead of it. Not a test: figures, not assertions.
@@ -79,24 +80,6 @@ def main() -> int:
     if not files:
         raise SystemExit("no PDFs found: run `make corpus` (FULL=1 for the texlive papers)")
 
-    per_file: list[dict[str, Any]] = []
-    for path in files:
-        started = time.perf_counter()
-        parsed = parse_document(path.read_bytes(), path.name)
-        seconds = time.perf_counter() - started
-        per_file.append(
-            {
-                "file": path.name,
-                "group": group_of(path.name),
-                "pages": parsed.pages,
-                "tables": parsed.tables,
-                "chunks": len(parsed.chunks),
-                "seconds": round(seconds, 3),
-                "pages_per_s": round(parsed.pages / seconds, 1),
-            }
-        )
-    in_process_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
     configs = [("tables off", False, 1)] + [
         ("tables on", True, int(w)) for w in args.workers.split(",")
     ]
@@ -123,6 +106,24 @@ def main() -> int:
                 "failed": failed,
             }
         )
+
+    per_file: list[dict[str, Any]] = []
+    for path in files:
+        started = time.perf_counter()
+        parsed = parse_document(path.read_bytes(), path.name)
+        seconds = time.perf_counter() - started
+        per_file.append(
+            {
+                "file": path.name,
+                "group": group_of(path.name),
+                "pages": parsed.pages,
+                "tables": parsed.tables,
+                "chunks": len(parsed.chunks),
+                "seconds": round(seconds, 3),
+                "pages_per_s": round(parsed.pages / seconds, 1),
+            }
+        )
+    in_process_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     print(f"{'file':<24} {'group':<20} {'pages':>6} {'tables':>6} {'chunks':>6} {'pages/s':>8}")
     for r in per_file:
