@@ -246,13 +246,29 @@ def ingest_one(
 
 
 def _limit_memory(megabytes: int) -> None:
-    """Worker initializer: cap the address space so one pathological file fails alone."""
+    """Worker initializer: cap the address space so one pathological file fails alone, and
+    die with the parent (a killed ``ragline ingest`` must not leave its workers behind)."""
+    _die_with_parent()
     if megabytes > 0:
         import resource
 
         cap = megabytes * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _die_with_parent() -> None:
+    """Linux: ask for SIGKILL when the parent process dies (``prctl(PR_SET_PDEATHSIG)``)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the request took hold
+            os._exit(1)
+    except (OSError, AttributeError):  # not Linux: workers exit on their own at EOF
+        pass
 
 
 def parse_path(

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pymupdf
 import pytest
 
@@ -173,9 +174,13 @@ def test_killed_ingest_resumes_without_duplicates_or_losses(
     deadline = time.monotonic() + 300
     while "2/6" not in seen and time.monotonic() < deadline:  # two documents landed
         seen += first.stderr.read(1)
+    workers = psutil.Process(first.pid).children(recursive=True)
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert "2/6" in seen, seen
+    assert workers  # the parser process(es)
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, "a killed ingest left its worker processes running"
 
     report_file = tmp_path / "report.json"
     again = [ragline, "-v", "ingest", str(docs), "--workers", "2", "--report", str(report_file)]
