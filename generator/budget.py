@@ -32,16 +32,18 @@ class TokenBudget:
             return -(-len(text) // CHARS_PER_TOKEN)
         return len(_load(self.path).encode(text, add_special_tokens=False).ids)
 
-    def truncate(self, text: str, budget: int) -> str:
-        """The longest prefix of ``text`` within ``budget`` tokens, cut at a token boundary."""
+    def fit(self, text: str, budget: int) -> tuple[str, int]:
+        """The longest prefix of ``text`` within ``budget`` tokens, cut at a token boundary,
+        and its size in tokens (one encoding, not two)."""
         if budget <= 0:
-            return ""
+            return "", 0
         if not self.path:
-            return text[: budget * CHARS_PER_TOKEN]
+            prefix = text[: budget * CHARS_PER_TOKEN]
+            return prefix, self.count(prefix)
         encoding = _load(self.path).encode(text, add_special_tokens=False)
         if len(encoding.ids) <= budget:
-            return text
-        return text[: encoding.offsets[budget - 1][1]]
+            return text, len(encoding.ids)
+        return text[: encoding.offsets[budget - 1][1]], budget
 
 
 @functools.cache

@@ -72,10 +72,10 @@ def render_passages(
     for number, hit in enumerate(evidence, start=1):
         chunk = hit.chunk
         text = focus(question, chunk.text, focus_sentences) if question else chunk.text
-        text = budget.truncate(text, left)
+        text, used = budget.fit(text, left)
         if not text.strip():
             break
-        left -= budget.count(text)
+        left -= used
         parts.append(f"[{number}] {text}")
     return "\n\n".join(parts)
 

@@ -49,11 +49,14 @@ class FileResult:
     reason: str = ""
     pages: int = 0
     chunks: int = 0
-    flagged: tuple[int, ...] = ()
-    """Pages left out: no text layer, or garbled text (quality under the threshold)."""
     flag_reasons: dict[int, str] = field(default_factory=dict)
+    """Pages left out, and why: no text layer, or garbled text (quality under the threshold)."""
     tables: int = 0
     ocr_pages: tuple[int, ...] = ()
+
+    @property
+    def flagged(self) -> tuple[int, ...]:
+        return tuple(sorted(self.flag_reasons))
 
 
 @dataclass(slots=True)
@@ -165,7 +168,7 @@ class Parsed:
     content_hash: str
     chunks: list[Chunk]
     pages: int
-    flagged: dict[int, str]
+    flag_reasons: dict[int, str]
     tables: int
     ocr_pages: tuple[int, ...]
 
@@ -215,11 +218,19 @@ def _store(parsed: Parsed, name: str, sink: DocumentSink, previous: str | None) 
         "ingested" if previous is None else "replaced",
         pages=parsed.pages,
         chunks=len(parsed.chunks),
-        flagged=tuple(parsed.flagged),
-        flag_reasons=parsed.flagged,
+        flag_reasons=parsed.flag_reasons,
         tables=parsed.tables,
         ocr_pages=parsed.ocr_pages,
     )
+
+
+def _compare(
+    sink: DocumentSink, doc_id: str, identity: str, collection: str
+) -> tuple[bool, str | None]:
+    """Whether the sink already holds this version of the document in this collection, and
+    the identity it holds (None: a new document)."""
+    previous = sink.content_hash_of(doc_id)
+    return previous == identity and sink.collection_of(doc_id) == collection, previous
 
 
 def ingest_one(
@@ -235,9 +246,9 @@ def ingest_one(
     doc_id = ""
     try:
         doc_id = doc_id_for(name)
-        previous = sink.content_hash_of(doc_id)
         identity = document_identity(data, settings_key(chunker, limits))
-        if previous == identity and sink.collection_of(doc_id) == collection:
+        unchanged, previous = _compare(sink, doc_id, identity, collection)
+        if unchanged:
             return FileResult(name, doc_id, "unchanged")  # skip parsing entirely
         return _store(parse_document(data, name, chunker, limits, collection), name, sink, previous)
     except RaglineError as exc:
@@ -254,7 +265,6 @@ def _limit_memory(megabytes: int) -> None:
 
         cap = megabytes * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _die_with_parent() -> None:
@@ -341,8 +351,8 @@ def run_batch(
         except OSError as exc:
             report.results.append(FileResult(str(path), doc_id, "failed", reason=str(exc)))
             continue
-        previous = sink.content_hash_of(doc_id)
-        if previous == identity and sink.collection_of(doc_id) == collection:
+        unchanged, previous = _compare(sink, doc_id, identity, collection)
+        if unchanged:
             report.results.append(FileResult(str(path), doc_id, "unchanged"))
             continue
         jobs.append(_Job(path, doc_id, previous))

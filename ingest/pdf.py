@@ -283,7 +283,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
                 ocr_pages.append(number)
         found: list[Table] = []
         if limits.tables and raw and textpage is None:
-            words = [w[:5] for w in page.get_text("words", flags=flags)]
+            words = [w[:5] for w in page.get_text("words", flags=flags, textpage=text_layer)]
             if looks_tabular(words, page.rect.width, "\n".join(b[4] for b in raw)):
                 found = extract_tables(page, [b[:5] for b in raw])
         # A table's words also stay in the text, in reading order: the text chunk around a
