@@ -13,7 +13,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,6 +306,7 @@ class _Job:
     path: Path
     doc_id: str
     previous: str | None
+    size: int = 0
 
 
 def run_batch(
@@ -321,8 +322,9 @@ def run_batch(
 ) -> IngestReport:
     """Ingest files and directories into ``sink``, with a progress bar and a final report.
 
-    ``workers`` processes parse in parallel (0: parse in this process); the index is written
-    from this process only, one document at a time, in file order. Each document lands whole
+    ``workers`` processes parse in parallel (0: parse in this process), largest files first;
+    the index is written from this process only, one document at a time, as each is parsed
+    (in file order with ``workers=0``). Each document lands whole
     or not at all, so a killed batch run again finishes the rest: unchanged documents are
     skipped by content hash before any parsing. A worker over ``memory_limit_mb`` fails only
     the file it was parsing. ``parse`` replaces the parsing step (a module-level function, so
@@ -355,7 +357,7 @@ def run_batch(
         if unchanged:
             report.results.append(FileResult(str(path), doc_id, "unchanged"))
             continue
-        jobs.append(_Job(path, doc_id, previous))
+        jobs.append(_Job(path, doc_id, previous, size))
     bar = tqdm(total=len(jobs), desc="ingest", unit="file", disable=not progress)
     try:
         if workers <= 0:
@@ -392,10 +394,12 @@ def _parse_in_workers(
     workers: int,
     memory_limit_mb: int,
 ) -> Iterator[tuple[_Job, Parsed | str]]:
-    """Parse in a pool of worker processes, yielding in job order with at most ``2 * workers``
-    documents in flight. A worker that dies (over its memory limit, or a crash in the PDF
-    library) breaks the pool: the documents in flight are then retried one at a time in fresh
-    pools, so only the one that kills a worker on its own is reported failed."""
+    """Parse in a pool of worker processes, largest files first, yielding each document as
+    soon as it is parsed, with at most ``2 * workers`` documents in flight. (Largest first and
+    no head-of-line wait: a 2,400-page manual no longer leaves the other workers idle behind
+    it.) A worker that dies (over its memory limit, or a crash in the PDF library) breaks the
+    pool: the documents in flight are then retried one at a time in fresh pools, so only the
+    one that kills a worker on its own is reported failed."""
     context = multiprocessing.get_context("spawn")
 
     def pool(size: int) -> ProcessPoolExecutor:
@@ -404,18 +408,23 @@ def _parse_in_workers(
         )
 
     executor = pool(workers)
-    pending: deque[tuple[_Job, Future[Parsed | str]]] = deque()
-    queue = deque(jobs)
+    pending: dict[Future[Parsed | str], _Job] = {}
+    queue = deque(sorted(jobs, key=lambda job: -job.size))
     try:
         while queue or pending:
             try:
                 while queue and len(pending) < 2 * workers:
-                    future = executor.submit(parse, str(queue[0].path), chunker, limits, collection)
-                    pending.append((queue.popleft(), future))
-                outcome = pending[0][1].result()
+                    job = queue[0]
+                    future = executor.submit(parse, str(job.path), chunker, limits, collection)
+                    pending[future] = queue.popleft()
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    if isinstance(future.exception(), BrokenProcessPool):
+                        raise BrokenProcessPool(str(future.exception()))
+                    yield pending.pop(future), future.result()
             except BrokenProcessPool:
                 executor.shutdown(cancel_futures=True)
-                for job, future in pending:
+                for future, job in pending.items():
                     if future.done() and future.exception() is None:
                         yield job, future.result()
                     else:
@@ -428,7 +437,6 @@ def _parse_in_workers(
                 pending.clear()
                 executor = pool(workers)
                 continue
-            yield pending.popleft()[0], outcome
     finally:
         executor.shutdown(cancel_futures=True)
 

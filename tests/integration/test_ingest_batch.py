@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
@@ -20,6 +20,7 @@ import pytest
 from ingest.batch import Parsed, parse_document, parse_path, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
+from ragline.types import Chunk
 from retriever.splade import SpladeEncoder
 from retriever.store import IndexStore, encoding_text
 from tests.conftest import MANUAL_PAGES, ROOT
@@ -151,6 +152,41 @@ def test_a_worker_that_dies_fails_only_its_file(
     assert {c.doc_id for c in store.view.chunks} == {"a", "b", "d", "e"}
 
 
+def parse_big_slowly(
+    path: str, chunker: ChunkerConfig | None, limits: PdfLimits | None, collection: str
+) -> Parsed | str:
+    """The real parser, but a file named ``*big*`` takes 3 s longer, as a long manual would."""
+    if "big" in Path(path).name:
+        time.sleep(3)
+    return parse_path(path, chunker, limits, collection)
+
+
+class OrderedStore(IndexStore):
+    """The real index, noting the order documents land in."""
+
+    landed: list[str]
+
+    def put(self, doc_id: str, content_hash: str, chunks: Sequence[Chunk]) -> None:
+        self.landed.append(doc_id)
+        super().put(doc_id, content_hash, chunks)
+
+
+def test_workers_land_documents_as_they_are_parsed_not_behind_a_long_one(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    make_pdf("a-big.pdf", MANUAL_PAGES * 3)
+    for name in ("b.pdf", "c.pdf", "d.pdf"):
+        make_pdf(name, [f"{name}: " + MANUAL_PAGES[0]])
+    store = OrderedStore(tmp_path / "index", encoder)
+    store.landed = []
+    store.load()
+    report = run_batch([tmp_path], store, progress=False, workers=2, parse=parse_big_slowly)
+    assert [r.status for r in report.results] == ["ingested"] * 4
+    assert [Path(r.source).name for r in report.results][0] == "a-big.pdf"  # report: file order
+    # the largest file went to a worker first; the small ones landed while it was parsed
+    assert store.landed[-1] == "a-big" and sorted(store.landed) == ["a-big", "b", "c", "d"]
+
+
 @pytest.mark.slow
 def test_killed_ingest_resumes_without_duplicates_or_losses(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
@@ -199,3 +235,22 @@ def test_killed_ingest_resumes_without_duplicates_or_losses(
     assert len({c.chunk_id for c in chunks}) == len(chunks)
     per_doc = Counter(c.doc_id for c in chunks)
     assert len(set(per_doc.values())) == 1  # the same pages: the same chunk count each
+
+
+def test_cell_reader_reads_what_pymupdf_extract_cells_reads(r_manuals: Path) -> None:
+    # the reader parses the page once instead of once per cell; every cell must read the same
+    from pymupdf.table import extract_cells
+
+    from ingest.tables import CellReader, _activate_layout
+
+    _activate_layout()
+    doc = pymupdf.open(r_manuals / "R-intro.pdf")
+    cells = 0
+    for number in (42, 68):
+        for table in doc[number - 1].find_tables().tables:
+            read = CellReader(table.textpage)
+            boxes = [box for row in table.rows for box in row.cells if box]
+            for box in boxes:
+                assert read(box) == extract_cells(table.textpage, box, markdown=False), box
+            cells += len(boxes)
+    assert cells > 40
