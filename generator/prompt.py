@@ -25,10 +25,40 @@ def sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
 
 
+def table_rows(text: str) -> list[str]:
+    """A table chunk's units: its caption or lead-in sentence, then each row with its column
+    names ("Distribution: log-normal; R name: lnorm; additional arguments: meanlog, sdlog"),
+    so a row quoted alone still says what each cell is."""
+    units: list[str] = []
+    header: list[str] | None = None
+    for line in text.split("\n"):
+        line = line.strip()
+        if not line.startswith("|"):
+            units.extend(sentences(line))
+            continue
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if all(re.fullmatch(r"-{3,}", c) for c in cells):
+            continue
+        if header is None:
+            header = cells
+            continue
+        named = [
+            f"{name}: {cell}" if name else cell
+            for name, cell in zip((header + [""] * len(cells))[: len(cells)], cells, strict=True)
+            if cell
+        ]
+        if named:
+            units.append("; ".join(named))
+    return units
+
+
 def body_sentences(hit: Hit) -> list[str]:
     """The chunk's sentences without its leading section heading ("2.2 Fixed-width-format
     files Sometimes ..." → "Sometimes ..."): the heading is metadata, already in the title
-    path, and glued to the first sentence it would match every question about the section."""
+    path, and glued to the first sentence it would match every question about the section.
+    A table's units are its rows, each with its column names (:func:`table_rows`)."""
+    if hit.chunk.kind == "table":
+        return table_rows(hit.chunk.text)
     text = hit.chunk.text
     if hit.chunk.title_path:
         words = hit.chunk.title_path[-1].split()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,7 +190,7 @@ def chunk_pages(
         section, marks, code = _pull_marks(section)
         for number, page in marks:
             if number < len(tables):
-                for part in split_table(tables[number], config.target_words * 2):
+                for part in split_table(tables[number], *table_limit(config)):
                     add(part, [page], section.title_path, "table")
         if len(section.words) < config.min_words and index < len(sections) - 1:
             carry = section
@@ -238,9 +238,33 @@ def _pull_marks(
     return Section(section.title_path, words, pages), marks, code
 
 
-def split_table(text: str, max_words: int) -> list[str]:
-    """A table's text (caption, blank line, Markdown rows) in parts of at most ``max_words``
-    words, cut only between rows; every part repeats the caption and the header rows."""
+MAX_TABLE_TOKENS = 500
+"""A table part's ceiling in tokens: under the SPLADE model's 512 with its special tokens, so
+no row of a long table is truncated away from the index."""
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def table_limit(config: ChunkerConfig) -> tuple[int, Callable[[str], int]]:
+    """How large a table part may be, and how to measure one: twice the window (a table is
+    read whole more often than prose), in tokens of the retrieval model's tokenizer when the
+    config counts tokens (Markdown syntax not counted: it is not encoded), else in words."""
+    if not config.target_tokens:
+        return config.target_words * 2, _words
+
+    def tokens(text: str) -> int:
+        words = [w for w in text.split() if w.strip("|-:")]
+        return sum(token_counts(words, config.tokenizer)) if words else 0
+
+    return min(config.target_tokens * 2, MAX_TABLE_TOKENS), tokens
+
+
+def split_table(text: str, limit: int, size: Callable[[str], int] = _words) -> list[str]:
+    """A table's text (caption, blank line, Markdown rows) in parts of at most ``limit``
+    by ``size`` (words by default), cut only between rows; every part repeats the caption and
+    the header rows."""
     lines = text.split("\n")
     body_start = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
     head_end = (
@@ -249,18 +273,18 @@ def split_table(text: str, max_words: int) -> list[str]:
         else body_start + 1
     )
     head, rows = lines[:head_end], lines[head_end:]
-    if len(text.split()) <= max_words or not rows:
+    if size(text) <= limit or not rows:
         return [text]
-    budget = max(max_words - len(" ".join(head).split()), 1)
+    budget = max(limit - size("\n".join(head)), 1)
     parts: list[list[str]] = [[]]
     used = 0
     for row in rows:
-        size = len(row.split())
-        if parts[-1] and used + size > budget:
+        cost = size(row)
+        if parts[-1] and used + cost > budget:
             parts.append([])
             used = 0
         parts[-1].append(row)
-        used += size
+        used += cost
     return ["\n".join(head + part) for part in parts]
 
 

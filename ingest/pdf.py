@@ -24,7 +24,7 @@ from ingest.tables import Table, extract_tables, looks_tabular
 from ragline.errors import InvalidArgument
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-5"
+PARSER_VERSION = b"ragline-parser-6"
 """Part of a document's identity: a parser change re-ingests unchanged files once."""
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from ingest.chunker import ChunkerConfig, chunk_id_for, chunk_pages, split_sections
+from ragline.types import Chunk
 
 pytestmark = pytest.mark.unit
 
@@ -161,3 +162,28 @@ def test_code_blocks_become_code_chunks(tmp_path: Path) -> None:
     assert [c.kind for c in parsed.chunks] == ["code"]
     assert "x0 <-" in parsed.chunks[0].text and "x11 <-" in parsed.chunks[0].text
     assert "ragline-code" not in parsed.chunks[0].text
+
+
+def test_long_table_parts_fit_the_splade_model_in_its_own_tokens() -> None:
+    from tokenizers import Tokenizer
+
+    from ingest.chunker import MAX_TABLE_TOKENS, split_table, table_limit
+    from ingest.tables import to_markdown
+    from retriever.models import PACKAGED_SPLADE, resolve_splade
+    from retriever.store import encoding_text
+
+    folder = resolve_splade(PACKAGED_SPLADE)
+    config = ChunkerConfig(target_tokens=256, overlap_tokens=48, tokenizer=folder)
+    # identifiers tokenize into many pieces: 150 words here are ~600 tokens
+    rows = [[f"R_ENVIRON_USER_{i}", f"Sys.setenv({i})", "0xDEADBEEF"] for i in range(50)]
+    text = "Table 3: Variables\n\n" + to_markdown(["name", "call", "value"], rows)
+    assert len(split_table(text, 2 * 256)) == 1  # in words it would stay one part
+    parts = split_table(text, *table_limit(config))
+    tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
+    sizes = [
+        len(tokenizer.encode(encoding_text(Chunk("c", "d", 0, p, (1,), "d.pdf", kind="table"))).ids)
+        for p in parts
+    ]
+    assert len(parts) > 1 and max(sizes) <= MAX_TABLE_TOKENS + 12
+    body = [line for part in parts for line in part.split("\n")[4:]]
+    assert body == text.split("\n")[4:]

@@ -231,3 +231,36 @@ def test_a_supported_answer_off_the_question_gives_way_to_the_quote() -> None:
     assert "read.fortran" in check_answer(QUESTION, copied_neighbour, [passage]).text
     terse = check_answer(QUESTION, "read.fwf [1]", [passage], quote=True)
     assert terse.text == "read.fwf [1]"
+
+
+DISTRIBUTIONS = Hit(
+    chunk=Chunk(
+        "R-intro-140",
+        "R-intro",
+        140,
+        "Functions are provided to evaluate the cumulative distribution function P(X <= x).\n\n"
+        "| Distribution | R name | additional arguments |\n"
+        "| --- | --- | --- |\n"
+        "| beta | beta | shape1, shape2, ncp |\n"
+        "| hypergeometric | hyper | m, n, k |\n"
+        "| log-normal | lnorm | meanlog, sdlog |",
+        (42,),
+        "R-intro.pdf",
+        kind="table",
+    ),
+    score=10.0,
+)
+
+
+def test_a_table_is_quoted_by_its_matching_row_with_the_column_names() -> None:
+    assert body_sentences(DISTRIBUTIONS)[1:] == [
+        "Distribution: beta; R name: beta; additional arguments: shape1, shape2, ncp",
+        "Distribution: hypergeometric; R name: hyper; additional arguments: m, n, k",
+        "Distribution: log-normal; R name: lnorm; additional arguments: meanlog, sdlog",
+    ]
+    question = "What is the R name of the log-normal distribution?"
+    answer = check_answer(question, "It is called plnormal [1].", [DISTRIBUTIONS], 0.9, 8, True)
+    assert not answer.insufficient
+    assert answer.text == (
+        "Distribution: log-normal; R name: lnorm; additional arguments: meanlog, sdlog [1]"
+    )

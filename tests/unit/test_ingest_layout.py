@@ -98,7 +98,7 @@ def test_long_tables_split_between_rows_and_repeat_the_header() -> None:
     header = ["Distribution", "R name", "additional arguments"]
     rows = [[f"dist{i}", f"d{i}", "shape, scale"] for i in range(40)]
     text = "Table 1: Distributions\n\n" + to_markdown(header, rows)
-    parts = split_table(text, max_words=60)
+    parts = split_table(text, 60)
     assert len(parts) > 1
     for part in parts:
         lines = part.split("\n")
