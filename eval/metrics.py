@@ -131,7 +131,8 @@ def latency_summary(values: Sequence[float]) -> dict[str, float] | None:
     if not values:
         return None
     arr = np.asarray(values, dtype=float)
-    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in (50, 95, 99)}
+    summary = {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in (50, 95, 99)}
+    return summary | {"n": len(values)}
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -28,6 +28,7 @@ def build_report(
             "questions": len(subset),
             "retrieval": retrieval_metrics(subset),
             "answers": answer_metrics(subset),
+            "latency_ms": _latencies(subset, ("answer", "first_token")),
         }
     hits = [r.get("cache_hit") for r in ok if "cache_hit" in r]
     retrieval = retrieval_metrics(ok)
@@ -38,10 +39,7 @@ def build_report(
         "credibility": credibility_metrics(ok, threshold),
         "credibility_curve": precision_recall_curve(ok),
         "answers": answer_metrics(ok),
-        "latency_ms": {
-            name: latency_summary([r["latency_ms"][name] for r in ok if name in r["latency_ms"]])
-            for name in ("retrieve", "answer", "retrieve_cache_hit")
-        },
+        "latency_ms": _latencies(ok, ("retrieve", "answer", "first_token", "retrieve_cache_hit")),
         "cache_hit_ratio": sum(bool(h) for h in hits) / len(hits) if hits else None,
         "by_type": by_type,
         "counts": {
@@ -52,6 +50,13 @@ def build_report(
         },
         "errors": [*load_errors, *(f"{r['id']}: {r['error']}" for r in rows if "error" in r)],
         "config": config,
+    }
+
+
+def _latencies(rows: Sequence[dict], names: Sequence[str]) -> dict[str, Any]:
+    return {
+        name: latency_summary([r["latency_ms"][name] for r in rows if name in r["latency_ms"]])
+        for name in names
     }
 
 
@@ -89,7 +94,8 @@ def summary_table(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"- Retrieve p50/p95/p99 (uncached): {_lat(lat['retrieve'])}; cache hit: "
-        f"{_lat(lat['retrieve_cache_hit'])}; Answer: {_lat(lat['answer'])}",
+        f"{_lat(lat['retrieve_cache_hit'])}; Answer: {_lat(lat['answer'])}; time to first "
+        f"token (questions that reached the model): {_lat(lat.get('first_token'))}",
         f"- Evidence filter at {_fmt(cred.get('threshold'))}: precision "
         f"{_fmt(cred.get('precision'))}, recall {_fmt(cred.get('recall'))}, kept/query "
         f"{_fmt(cred.get('kept_per_query'))}, unanswerable reaching the generator "
@@ -98,7 +104,28 @@ def summary_table(report: dict[str, Any]) -> str:
         f"{_fmt(((report['retrieval'] or {}).get('strict') or {}).get('recall@10'))}",
         f"- Errors: {report['counts']['errors']}",
     ]
+    if lat.get("answer"):
+        lines += [
+            "",
+            "| slice | Answer p50 | Answer p95 | TTFT p50 | TTFT p95 | reached the model |",
+            "|" + "---|" * 6,
+        ]
+        for name, _, section in slices:
+            times = section.get("latency_ms") or {}
+            answer, first = times.get("answer") or {}, times.get("first_token") or {}
+            reached = f"{first.get('n', 0)}" if first else "0"
+            lines.append(
+                f"| {name} | {_ms_s(answer.get('p50'))} | {_ms_s(answer.get('p95'))} | "
+                f"{_ms_s(first.get('p50'))} | {_ms_s(first.get('p95'))} | {reached} |"
+            )
     return "\n".join(lines)
+
+
+def _ms_s(value: float | None) -> str:
+    """Milliseconds as "85 ms" or "2.40 s"."""
+    if value is None:
+        return "—"
+    return f"{value:.0f} ms" if value < 1000 else f"{value / 1000:.2f} s"
 
 
 def _lat(summary: dict[str, float] | None) -> str:

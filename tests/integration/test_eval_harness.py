@@ -72,8 +72,10 @@ async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Pa
     for value in [*retrieval.values(), *answers.values()]:
         assert value is None or isinstance(value, dict) or 0.0 <= value <= 1.0
     assert report["credibility"]["threshold"] == pytest.approx(8.0)
-    assert set(report["latency_ms"]) == {"retrieve", "answer", "retrieve_cache_hit"}
+    assert set(report["latency_ms"]) == {"retrieve", "answer", "first_token", "retrieve_cache_hit"}
     assert report["latency_ms"]["retrieve"]["p50"] > 0
+    assert report["latency_ms"]["answer"]["n"] == 3  # every question asked, through AnswerStream
+    assert "| numeric | " in (out / "summary.md").read_text().split("Answer p50")[1]
     assert report["cache_hit_ratio"] == pytest.approx(1.0)
     assert set(report["by_type"]) == {"factoid", "numeric", "unanswerable"}
     assert report["config"]["models"]["splade"] == "packaged:splade-tiny"
