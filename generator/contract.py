@@ -1,8 +1,17 @@
 """Turn raw model output into an :class:`Answer` that is grounded, or INSUFFICIENT_INFO.
 
 A small model invents answers to unanswerable questions, so the prompt is not trusted alone:
-the answer's new content words (those not already in the question) must occur in the cited
-passages, else the answer becomes INSUFFICIENT_INFO with reason ``unsupported``.
+
+- the answer must say something the question does not (``no_content``);
+- its new content words must occur in the cited passages, numbers and identifiers near a
+  question word there, section numbers not counting (``unsupported``, ``key_unanchored``);
+- a question that asks for a number (how many, which version, what value, a limit) needs a
+  number the question does not already hold (``no_number``);
+- else, with quotes on, the top passage's best sentence may stand in: a prose sentence (or a
+  window of a run-on one) holding most of the question's words and every version or variant
+  it names ("1p", "4.2.2").
+
+Any failure makes the answer exactly INSUFFICIENT_INFO, with the reason.
 """
 
 from __future__ import annotations
@@ -10,13 +19,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from generator.prompt import body_sentences
+from generator.prompt import SECTION_NUMBER, body_sentences, sentences
 from generator.text import TOKEN, content_tokens, stems
 from ragline.types import INSUFFICIENT_INFO, Answer, Citation, Hit
 
 _CITATION = re.compile(r"\[(\d{1,2})\]")
 _LEAD_IN = re.compile(r"^\s*(the\s+)?answer(\s+is)?\s*:\s*", re.I)
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\[])")
+_SENTENCE_END = re.compile(r"(?<=[.!?])(?<!\b[A-Z]\.)\s+(?=[A-Z\[])")
+"""A sentence break: end punctuation, a space, a capital; not after an initial ("David M.
+Smith")."""
 
 
 def clean_output(raw: str, max_sentences: int = 2) -> str:
@@ -64,11 +75,79 @@ def anchored(key: str, passage_words: list[str], question_words: set[str], windo
     return False
 
 
+_FILLER_TEXT = """following follow below above shown given called named listed mentioned
+described said take takes taken include includes included"""
+FILLER = frozenset(_FILLER_TEXT.split())
+"""Words an answer that only restates the question adds ("... take the following additional
+arguments:"): they say nothing the question did not."""
+
+_ASKS_NUMBER = re.compile(
+    r"\b(how (many|much|long|old|large|big)|(what|which) ([\w-]+ ){0,2}(year|version|value"
+    r"|percentage|factor)|(what|which) number|in what year|(maximum|minimum|max|min|default) "
+    r"(number|size|length|value|version|width|height|count)|(page|word|size|character|length"
+    r"|time) limits?|font size)\b",
+    re.I,
+)
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
+
+
+def expects_number(question: str) -> bool:
+    """Whether the question asks for a number: how many/much/long, what year/version/value,
+    a maximum/minimum/default size, a page or word limit, a font size."""
+    return bool(_ASKS_NUMBER.search(question))
+
+
+def new_number(text: str, question: str) -> bool:
+    """Whether ``text`` states a number the question does not, in digits (a number word, "two
+    columns", is too often not the answer)."""
+    asked = set(_NUMBER.findall(question))
+    return any(n not in asked for n in _NUMBER.findall(text))
+
+
 QUOTE_MIN_COVERAGE = 0.6
 """Share of the question's words an evidence sentence must hold to be quoted. On the dev set
 (hybrid retrieval): at 0.5, 11 quotes were right and 18 wrong or answered an unanswerable
 question; at 0.6, 10 right and 11 wrong; 0.7 keeps 8 right, 5 wrong but also refuses "How do
 you read a fixed-width format file in R?" (its read.fwf sentence holds 3 of 5 words)."""
+
+
+QUOTE_MAX_WORDS = 40
+"""A "sentence" longer than this is a run-on (a list, a code block, a table's text): it is
+quoted by its windows of :data:`QUOTE_WINDOW` words, so a quote stays a quote, not a dump."""
+QUOTE_WINDOW = 32
+
+
+def support_of(hit: Hit) -> str:
+    """A passage's text as support for an answer: without the numbers that open its sections
+    ("6.1.2 Configuration Information"), which are no answer to anything."""
+    return " ".join(SECTION_NUMBER.sub("", s) for s in sentences(hit.chunk.text))
+
+
+def prose(unit: str, min_share: float = 0.6) -> bool:
+    """Whether a unit reads as text, not code or data: most of its tokens are words."""
+    tokens = unit.split()
+    words = sum(t.strip(".,;:!?()[]'\"‘’“”").isalpha() for t in tokens)
+    return bool(tokens) and words >= min_share * len(tokens)
+
+
+def quotable(units: Sequence[str]) -> list[str]:
+    """Quote candidates: each sentence that reads as prose, or the overlapping windows of a
+    run-on one."""
+    out: list[str] = []
+    for unit in units:
+        if not prose(unit):
+            continue  # code ("hexcolorv <- colorConverter(...)"), a data listing
+        words = unit.split()
+        if len(words) <= QUOTE_MAX_WORDS:
+            out.append(unit)
+            continue
+        step = QUOTE_WINDOW // 2
+        for start in range(0, len(words) - step, step):
+            window = " ".join(words[start : start + QUOTE_WINDOW])
+            head = "… " if start else ""
+            tail = " …" if start + QUOTE_WINDOW < len(words) else ""
+            out.append(f"{head}{window}{tail}")
+    return out
 
 
 def quote_for(question: str, keys: set[str], evidence: Sequence[Hit]) -> tuple[str, int] | None:
@@ -87,13 +166,16 @@ def quote_for(question: str, keys: set[str], evidence: Sequence[Hit]) -> tuple[s
     if len(asked) < 2:
         return None
     asked_raw = content_tokens(question)
+    specific = {t for t in asked_raw if any(c.isdigit() for c in t)}
     best: tuple[float, str, int] | None = None
     for n, hit in enumerate(evidence[:1], start=1):
-        for sentence in body_sentences(hit):
+        for sentence in quotable(body_sentences(hit)):
             coverage = len(asked & stems(sentence)) / len(asked)
             if coverage < QUOTE_MIN_COVERAGE:
                 continue
             words = content_tokens(sentence)
+            if not specific <= words:
+                continue  # "elsarticle's 1p layout": a sentence without "1p" is about another
             names = key_tokens(words - asked_raw, sentence)
             score = coverage + 0.25 * bool(names) + 0.25 * bool(keys & words)
             if best is None or score > best[0]:
@@ -144,7 +226,10 @@ def check_answer(
     cited = sorted({int(n) for n in _CITATION.findall(text) if 1 <= int(n) <= len(evidence)})
     body = _CITATION.sub("", text).strip()
     new_words = content_tokens(body) - content_tokens(question)
-    if not new_words:
+    if not new_words or not stems(body) - stems(question) - FILLER:
+        # nothing the question does not already say ("The function file creates connections
+        # to files compressed with bzip2" for "Which function creates connections to files
+        # compressed with bzip2?")
         return Answer.insufficient_info("no_content")
     if not cited:
         # The model gave no usable [n]: cite the passages that carry the answer's words.
@@ -154,17 +239,19 @@ def check_answer(
         ]
         best = max(c for c, _ in coverage)
         cited = [n for c, n in coverage if c == best and c > 0][:2]
-    support_text = content_tokens(" ".join(evidence[n - 1].chunk.text for n in cited))
+    support_text = content_tokens(" ".join(support_of(evidence[n - 1]) for n in cited))
     supported = len(new_words & support_text) / len(new_words) if cited else 0.0
     reason = ""
     if supported < min_support:
         reason = "unsupported"
     elif key_window > 0:
-        passage = " ".join(evidence[n - 1].chunk.text for n in cited).lower().split()
+        passage = " ".join(support_of(evidence[n - 1]) for n in cited).lower().split()
         asked = content_tokens(question)
         if not all(anchored(k, passage, asked, key_window) for k in key_tokens(new_words, body)):
             reason = "key_unanchored"
     keys = key_tokens(new_words, body)
+    if not reason and expects_number(question) and not new_number(body, question):
+        reason = "no_number"  # asked how many / which version / what value: none given
     if not reason and quote:
         # A supported answer can still be off the question: SmolLM2 sometimes copies the
         # neighbouring sentence ("read.fortran is a similar function" for "how do you read a
@@ -192,6 +279,8 @@ def check_answer(
         )
         for n in cited
     )
+    if expects_number(question) and not new_number(_CITATION.sub("", text), question):
+        return Answer.insufficient_info("no_number")
     if not _CITATION.search(text):
         text = f"{text} " + "".join(f"[{n}]" for n in cited)
     return Answer(text=text, citations=citations)

@@ -30,7 +30,7 @@ class AnswerGenerator:
         max_new_tokens: int = 96,
         max_evidence_tokens: int = 768,
         min_support: float = 0.9,
-        key_window: int = 8,
+        key_window: int = 5,
         focus_sentences: int = 3,
         quote: bool = True,
         tokenizer: str = "",

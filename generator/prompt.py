@@ -18,11 +18,17 @@ SYSTEM_PROMPT = (
 )
 
 
-_SENTENCE = re.compile(r"(?<=[.!?;])\s+(?=[A-Z0-9(\"'‘“])")
+_SENTENCE = re.compile(r"(?<=[.!?;])(?<!\b[A-Z]\.)\s+(?=[A-Z0-9(\"'‘“])")
+"""A sentence break; not after an initial ("by Bill Venables and David M. Smith")."""
 
 
 def sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+
+
+SECTION_NUMBER = re.compile(r"^\d+(?:\.\d+)*\.?\s+(?=[A-Z])")
+"""A number that opens a sentence before a capital is a section's ("2 Availability The TUGboat
+web pages are ..."), not part of what the sentence says."""
 
 
 def table_rows(text: str) -> list[str]:
@@ -66,7 +72,7 @@ def body_sentences(hit: Hit) -> list[str]:
         match = re.match(pattern, text)
         if match:
             text = text[match.end() :].lstrip()
-    return sentences(text)
+    return [SECTION_NUMBER.sub("", sentence) for sentence in sentences(text)]
 
 
 def focus(question: str, text: str, max_sentences: int) -> str:

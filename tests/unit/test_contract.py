@@ -264,3 +264,78 @@ def test_a_table_is_quoted_by_its_matching_row_with_the_column_names() -> None:
     assert answer.text == (
         "Distribution: log-normal; R name: lnorm; additional arguments: meanlog, sdlog [1]"
     )
+
+
+def test_a_question_that_asks_for_a_number_gets_one_or_insufficient_info() -> None:
+    evidence = [hit("MASS is a recommended package: modern applied statistics with S.")]
+    question = "How many datasets are included in the MASS package?"
+    raw = "MASS is a recommended package of modern applied statistics [1]."
+    answer = check_answer(question, raw, evidence, 0.9, 5, True)
+    assert answer.insufficient and answer.reason == "no_number"
+    evidence = [hit("The MASS package includes 87 datasets used in the book.")]
+    answer = check_answer(question, "It includes 87 datasets [1].", evidence, 0.9, 5, True)
+    assert not answer.insufficient and "87" in answer.text
+
+
+def test_an_answer_that_only_restates_the_question_has_no_content() -> None:
+    question = "Which function creates connections to files compressed with bzip2?"
+    evidence = [hit("bzfile creates a connection to a file compressed with bzip2.")]
+    raw = "The function file creates connections to files compressed with bzip2. [1]"
+    assert check_answer(question, raw, evidence, 0.9, 5).reason == "no_content"
+    raw = "The functions take the following arguments: [1]"
+    question = "Which arguments do the functions take?"
+    assert check_answer(question, raw, evidence, 0.9, 5).reason == "no_content"
+
+
+def test_a_section_number_is_no_answer() -> None:
+    # "6.1.2" is in the passage only as its section's number
+    evidence = [
+        hit(
+            "6.1.2 Configuration Information When printing from Acrobat Reader, make sure that "
+            "there are not any selected fit to page options. Acrobat Reader has a bug that "
+            "remains uncorrected through version 7.00."
+        )
+    ]
+    question = "Which Acrobat Reader version finally fixed the bug?"
+    answer = check_answer(question, "[1] 6.1.2", evidence, 0.9, 5, quote=False)
+    assert answer.insufficient and answer.reason == "unsupported"
+
+
+def test_quotes_are_prose_sentences_or_windows_of_a_run_on_never_code() -> None:
+    code = hit(
+        "## Internally vectorized version of hexcolor, notice the use ## of `vectorized = TRUE`: "
+        "hexcolorv <- colorConverter(toXYZ = function(hex, ...) { rgb <- t(col2rgb(hex))/255 }"
+    )
+    question = "Which R function is the vectorized version of hexcolor?"
+    assert check_answer(question, "It is hexcolor2 [1].", [code], 0.9, 5, True).insufficient
+    run_on = hit(
+        "The options are: "
+        + " ".join(f"option{i} sets the margin number {i} of the page;" for i in range(12))
+        + " twocolumn sets the layout of the final print version in two columns"
+    )
+    question = "Which option sets the final print layout in two columns?"
+    answer = check_answer(question, "It is onecolumn [1].", [run_on], 0.9, 5, True)
+    assert not answer.insufficient
+    body = answer.text.removesuffix(" [1]")
+    assert body.startswith("… ") and "twocolumn sets the layout" in body
+    assert len(body.split()) <= 33
+
+
+def test_a_quote_must_name_the_version_or_variant_the_question_names() -> None:
+    evidence = [
+        hit(
+            "Final print The authors can format their submission to the page size and margins "
+            "of their preferred journal."
+        )
+    ]
+    question = "What are the page margins of the 1p final print layout?"
+    answer = check_answer(question, "1 inch [1].", evidence, 0.9, 5, True)
+    assert answer.insufficient
+
+
+def test_an_initial_does_not_end_a_sentence() -> None:
+    text = "The notes were written by Bill Venables and David M. Smith. R was derived from them."
+    assert body_sentences(hit(text))[0] == (
+        "The notes were written by Bill Venables and David M. Smith."
+    )
+    assert clean_output("David M. Smith wrote it. [1]") == "David M. Smith wrote it. [1]"
