@@ -93,7 +93,7 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
 
     settings = Settings()
     settings.server.port = 0
-    running = await start_server(settings)
+    running = await start_server(settings, warm_generator=options.answers)
     try:
         if pdfs:  # unchanged documents are skipped by content hash
             gateway = running.gateway

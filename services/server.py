@@ -194,13 +194,16 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
     )
 
 
-def warm_up(gateway: Gateway) -> None:
+def warm_up(gateway: Gateway, generator: bool = True) -> None:
+    """Load the models and the index. ``generator=False`` leaves the generator to load on the
+    first Answer (a retrieval-only run need not start a vLLM engine)."""
     gateway.store.encoder.warm_up()
     if gateway.store.dense_encoder is not None:
         gateway.store.dense_encoder.warm_up()
     gateway.store.load()
     gateway.filter.warm_up()
-    gateway.generator.warm_up()
+    if generator:
+        gateway.generator.warm_up()
 
 
 @dataclass
@@ -225,8 +228,11 @@ class RunningServer:
             await asyncio.to_thread(close)
 
 
-async def start_server(settings: Settings, gateway: Gateway | None = None) -> RunningServer:
-    """Bind, warm up, then report SERVING. Returns once ready."""
+async def start_server(
+    settings: Settings, gateway: Gateway | None = None, warm_generator: bool = True
+) -> RunningServer:
+    """Bind, warm up, then report SERVING. Returns once ready. ``warm_generator=False``: the
+    generator loads on the first Answer instead (retrieval-only runs)."""
     gateway = gateway or build_gateway(settings)
     metrics = Metrics()
     server = grpc.aio.server(
@@ -257,7 +263,7 @@ async def start_server(settings: Settings, gateway: Gateway | None = None) -> Ru
         await health_servicer.set(name, not_serving)
     started = time.perf_counter()
     try:
-        await asyncio.to_thread(warm_up, gateway)
+        await asyncio.to_thread(warm_up, gateway, warm_generator)
     except BaseException:
         await server.stop(None)
         raise

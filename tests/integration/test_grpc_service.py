@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from google.rpc import error_details_pb2
@@ -9,9 +11,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
+from generator.transformers_backend import TransformersBackend
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
-from services.server import RunningServer
-from tests.conftest import write_pdf
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from services.server import RunningServer, build_gateway, start_server
+from tests.conftest import make_settings, write_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -202,3 +207,21 @@ async def test_instructions_inside_a_pdf_change_nothing(channel, tmp_path) -> No
         reply = await stub.Answer(ragline_pb2.AnswerRequest(query=question), timeout=120)
         assert "PWNED" not in reply.answer
         assert reply.insufficient or {c.doc_id for c in reply.citations} == {"ops-notes"}
+
+
+async def test_a_retrieval_only_server_leaves_the_generator_to_its_first_answer(
+    tmp_path: Path, redis_url: str, encoder: SpladeEncoder, manual_dir: Path
+) -> None:
+    # `ragline eval --no-answers` starts its embedded server this way: no LLM in memory
+    settings = make_settings(tmp_path, redis_url)
+    settings.generator.backend = "transformers"
+    gateway = build_gateway(settings, IndexStore(settings.retriever.index_dir, encoder))
+    running = await start_server(settings, gateway, warm_generator=False)
+    try:
+        await gateway.ingest([str(manual_dir)], [])
+        result = await gateway.retrieve("How many connections does the frobnicator accept?")
+        assert result.hits and result.hits[0].chunk.doc_id == "frob-manual"
+        backend = gateway.generator.backend
+        assert isinstance(backend, TransformersBackend) and backend._model is None
+    finally:
+        await running.stop(0)
