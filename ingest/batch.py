@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -210,8 +210,11 @@ def parse_document(
     )
 
 
-def _store(parsed: Parsed, name: str, sink: DocumentSink, previous: str | None) -> FileResult:
-    sink.put(parsed.doc_id, parsed.content_hash, parsed.chunks)
+def _store(
+    parsed: Parsed, name: str, sink: DocumentSink, previous: str | None, path: str = ""
+) -> FileResult:
+    chunks = [replace(c, path=path) for c in parsed.chunks] if path else parsed.chunks
+    sink.put(parsed.doc_id, parsed.content_hash, chunks)
     return FileResult(
         name,
         parsed.doc_id,
@@ -374,7 +377,7 @@ def run_batch(
                 logger.warning("skipped %s: %s", job.path, outcome)
                 result = FileResult(str(job.path), job.doc_id, "failed", reason=outcome)
             else:
-                result = _store(outcome, str(job.path), sink, job.previous)
+                result = _store(outcome, str(job.path), sink, job.previous, str(job.path.resolve()))
             report.results.append(result)
             bar.update(1)
     finally:

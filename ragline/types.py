@@ -33,6 +33,8 @@ class Chunk:
     """The collection the document was ingested into (a filter in searches)."""
     quality: float = 1.0
     """Text quality of the chunk's pages, 0..1 (the lowest of them; see ``ingest.layout``)."""
+    path: str = ""
+    """Absolute path of the file the document was ingested from ("" for uploaded bytes)."""
 
     def __post_init__(self) -> None:
         if not self.chunk_id or not self.doc_id:

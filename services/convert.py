@@ -32,6 +32,7 @@ def chunk_to_pb(chunk: Chunk) -> common_pb2.Chunk:
         kind=chunk.kind,
         collection=chunk.collection,
         quality=chunk.quality,
+        path=chunk.path,
     )
 
 
@@ -47,6 +48,7 @@ def chunk_from_pb(pb: common_pb2.Chunk) -> Chunk:
         kind=pb.kind or "text",
         collection=pb.collection or "default",
         quality=pb.quality if pb.HasField("quality") else 1.0,
+        path=pb.path,
     )
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import psutil
@@ -22,7 +23,8 @@ from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from ragline.types import Chunk
 from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore, encoding_text
+from retriever.store import IndexStore, _chunk_from_json, encoding_text
+from services.convert import chunk_from_pb, chunk_to_pb
 from tests.conftest import MANUAL_PAGES, ROOT
 from tests.unit.test_ingest_layout import bomb_pdf, javascript_pdf
 
@@ -118,6 +120,13 @@ def test_batch_with_two_workers_reports_each_bad_file_and_lands_the_rest(
         assert by_name[name].status == "failed" and reason in by_name[name].reason, name
     assert by_name["good.pdf"].status == by_name["notes-2.pdf"].status == "ingested"
     assert {c.doc_id for c in store.view.chunks} == {"good", "notes-2"}
+    paths = {c.path for c in store.view.chunks if c.doc_id == "good"}
+    assert paths == {str((tmp_path / "good.pdf").resolve())}
+    # the path survives the gRPC mapping, and a snapshot written before it existed still loads
+    chunk = store.view.chunks[0]
+    assert chunk_from_pb(chunk_to_pb(chunk)) == chunk
+    older = {k: v for k, v in asdict(chunk).items() if k != "path"}
+    assert _chunk_from_json(json.dumps(older)) == replace(chunk, path="")
     summary = report.to_dict()
     assert summary["failed"] == len(expected) and summary["ingested"] == 2
 
