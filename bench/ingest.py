@@ -23,7 +23,7 @@ import platform
 import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,13 @@ class CountingSink:
     def collection_of(self, doc_id: str) -> str | None:
         return None
 
-    def put(self, doc_id: str, content_hash: str, chunks: Sequence[Chunk]) -> None:
+    def put(
+        self,
+        doc_id: str,
+        content_hash: str,
+        chunks: Sequence[Chunk],
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         self.chunks += len(chunks)
         self.tables += sum(c.kind == "table" for c in chunks)
 

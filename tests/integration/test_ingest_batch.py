@@ -175,9 +175,15 @@ class OrderedStore(IndexStore):
 
     landed: list[str]
 
-    def put(self, doc_id: str, content_hash: str, chunks: Sequence[Chunk]) -> None:
+    def put(
+        self,
+        doc_id: str,
+        content_hash: str,
+        chunks: Sequence[Chunk],
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         self.landed.append(doc_id)
-        super().put(doc_id, content_hash, chunks)
+        super().put(doc_id, content_hash, chunks, progress)
 
 
 def test_workers_land_documents_as_they_are_parsed_not_behind_a_long_one(

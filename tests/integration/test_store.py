@@ -108,3 +108,26 @@ def test_two_writers_never_overwrite_each_other(
     fresh = IndexStore(index_dir, encoder)
     fresh.load()
     assert set(fresh.view.doc_hashes) == {"a", "b"}
+
+
+def test_put_encodes_in_slices_reporting_progress_and_indexes_the_same(
+    tmp_path: Path, encoder: SpladeEncoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragline.types import Chunk
+
+    chunks = [
+        Chunk(f"c{i}", "manual", i, text, (i + 1,), "manual.pdf")
+        for i, text in enumerate((MANUAL_PAGES * 5)[:5])
+    ]
+    whole = IndexStore(tmp_path / "whole", encoder)
+    whole.load()
+    whole.put("manual", "h1", chunks)
+    monkeypatch.setattr("retriever.store.ENCODE_SLICE", 2)
+    sliced = IndexStore(tmp_path / "sliced", encoder)
+    sliced.load()
+    calls: list[int] = []
+    sliced.put("manual", "h1", chunks, progress=calls.append)
+    assert calls == [2, 2, 1]
+    a, b = whole.view.sparse.matrix, sliced.view.sparse.matrix
+    assert a.shape == b.shape == (5, a.shape[1])
+    assert abs(a - b).max() < 1e-4  # slicing the batch changes nothing the index holds
