@@ -373,7 +373,14 @@ def run_batch(
             report.results.append(FileResult(str(path), doc_id, "unchanged"))
             continue
         jobs.append(_Job(path, doc_id, previous, size))
-    bar = tqdm(total=len(jobs), desc="ingest", unit="file", disable=not progress)
+    bar = tqdm(
+        total=len(jobs),
+        desc="ingest",
+        unit="file",
+        disable=not progress,
+        # the bar moves by fractions of a file while its chunks are encoded
+        bar_format="{l_bar}{bar}| {n:.1f}/{total} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
+    )
     try:
         if workers <= 0:
             outcomes: Iterator[tuple[_Job, Parsed | str]] = (
