@@ -150,12 +150,15 @@ def quotable(units: Sequence[str]) -> list[str]:
     return out
 
 
-def quote_for(question: str, keys: set[str], evidence: Sequence[Hit]) -> tuple[str, int] | None:
+def quote_for(
+    question: str, keys: set[str], evidence: Sequence[Hit], numbers: Sequence[int] = (1,)
+) -> tuple[str, int] | None:
     """The sentence of the best-ranked passage that best answers the question, as
     ``(sentence, 1)``, or None when none holds :data:`QUOTE_MIN_COVERAGE` of the question's
     words.
 
-    Only the top passage is quoted from: it is the one the retrievers agree on, and a
+    Only the top passage is quoted from (or the passages ``numbers`` names): it is the one
+    the retrievers agree on, and a
     sentence of a lower passage that shares the question's words is more often about a
     neighbouring topic (read.epiinfo's "fixed-width text format" beside read.fwf's section).
     A sentence scores its share of the question's (stemmed) words, plus a quarter for naming
@@ -168,8 +171,10 @@ def quote_for(question: str, keys: set[str], evidence: Sequence[Hit]) -> tuple[s
     asked_raw = content_tokens(question)
     specific = {t for t in asked_raw if any(c.isdigit() for c in t)}
     best: tuple[float, str, int] | None = None
-    for n, hit in enumerate(evidence[:1], start=1):
-        for sentence in quotable(body_sentences(hit)):
+    for n in numbers:
+        if not 1 <= n <= len(evidence):
+            continue
+        for sentence in quotable(body_sentences(evidence[n - 1])):
             coverage = len(asked & stems(sentence)) / len(asked)
             if coverage < QUOTE_MIN_COVERAGE:
                 continue
@@ -186,6 +191,22 @@ def quote_for(question: str, keys: set[str], evidence: Sequence[Hit]) -> tuple[s
 OFF_QUESTION_MARGIN = 0.3
 """How much more of the question a quotable sentence must hold than the model's answer for the
 answer to count as off the question."""
+
+
+def row_supported(question: str, new_words: set[str], hit: Hit) -> bool:
+    """Whether a table answer's words sit in one row whose cells name something the question
+    names: a cell read off another row (the answer's words all occur in the table, but in the
+    Poisson row for a question about the log-normal one) is no answer."""
+    lines = [line for line in hit.chunk.text.split("\n") if line.startswith("|")]
+    if len(lines) < 3:
+        return True  # no rows to tell apart
+    header = content_tokens(lines[0])
+    asked = content_tokens(question) - header
+    for line in lines[2:]:
+        cells = content_tokens(line.replace("|", " "))
+        if new_words <= cells | header | content_tokens(question) and cells & asked:
+            return True
+    return False
 
 
 def off_question(question: str, body: str, sentence: str, keys: set[str]) -> bool:
@@ -250,6 +271,13 @@ def check_answer(
         if not all(anchored(k, passage, asked, key_window) for k in key_tokens(new_words, body)):
             reason = "key_unanchored"
     keys = key_tokens(new_words, body)
+    tables = [n for n in cited if evidence[n - 1].chunk.kind == "table"]
+    if (
+        not reason
+        and tables
+        and not any(row_supported(question, new_words, evidence[n - 1]) for n in tables)
+    ):
+        reason = "not_in_one_row"  # "Poisson" from the Poisson row, for log-normal's R name
     if not reason and expects_number(question) and not new_number(body, question):
         reason = "no_number"  # asked how many / which version / what value: none given
     if not reason and quote:
@@ -263,7 +291,8 @@ def check_answer(
             cited = [number]
             text = f"{text} [{number}]"
     if reason:
-        found = quote_for(question, keys, evidence) if quote else None
+        numbers = tables if reason == "not_in_one_row" else (1,)
+        found = quote_for(question, keys, evidence, numbers) if quote else None
         if found is None:
             return Answer.insufficient_info(reason)
         text, number = found

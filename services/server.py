@@ -225,7 +225,9 @@ class RunningServer:
             await close_filter()
         close = getattr(self.gateway.generator.backend, "close", None)
         if close is not None:  # vLLM: stop its engine processes now, not at interpreter exit
-            await asyncio.to_thread(close)
+            # On the loop, not in a thread: vLLM's output task then ends quietly instead of
+            # logging an EngineDeadError traceback on every shutdown.
+            close()
 
 
 async def start_server(

@@ -339,3 +339,28 @@ def test_an_initial_does_not_end_a_sentence() -> None:
         "The notes were written by Bill Venables and David M. Smith."
     )
     assert clean_output("David M. Smith wrote it. [1]") == "David M. Smith wrote it. [1]"
+
+
+def test_a_table_answer_must_come_from_the_row_the_question_names() -> None:
+    table = Hit(
+        chunk=Chunk(
+            "R-intro-141",
+            "R-intro",
+            141,
+            DISTRIBUTIONS.chunk.text + "\n| Poisson | pois | lambda |",
+            (42,),
+            "R-intro.pdf",
+            kind="table",
+        ),
+        score=9.0,
+    )
+    text_hit = hit("Functions are provided to evaluate the cumulative distribution function.")
+    question = "What is the R name of the log-normal distribution?"
+    raw = "The R name of the log-normal distribution is Poisson [2]."
+    assert check_answer(question, raw, [text_hit, table], 0.9, 5).reason == "not_in_one_row"
+    answer = check_answer(question, raw, [text_hit, table], 0.9, 5, quote=True)
+    assert answer.text == (
+        "Distribution: log-normal; R name: lnorm; additional arguments: meanlog, sdlog [2]"
+    )
+    right = check_answer(question, "It is lnorm [2].", [text_hit, table], 0.9, 5)
+    assert not right.insufficient and [c.number for c in right.citations] == [2]
