@@ -397,8 +397,9 @@ def run_batch(
                 result = FileResult(str(job.path), job.doc_id, "failed", reason=outcome)
             else:
                 # Encoding is the slow part (~5 pages/s against ~100 for parsing): the bar
-                # moves by the share of the document's chunks encoded so far.
-                share = 1 / max(len(outcome.chunks), 1)
+                # moves by the share of the document's chunks encoded so far, up to 0.9 of
+                # the file; the whole number comes only once the document has landed.
+                share = 0.9 / max(len(outcome.chunks), 1)
 
                 def encoded(n: int, share: float = share) -> None:
                     bar.update(n * share)
