@@ -113,7 +113,7 @@ def summary_table(report: dict[str, Any]) -> str:
         for name, _, section in slices:
             times = section.get("latency_ms") or {}
             answer, first = times.get("answer") or {}, times.get("first_token") or {}
-            reached = f"{first.get('n', 0)}" if first else "0"
+            reached = first.get("n", 0)
             lines.append(
                 f"| {name} | {_ms_s(answer.get('p50'))} | {_ms_s(answer.get('p95'))} | "
                 f"{_ms_s(first.get('p50'))} | {_ms_s(first.get('p95'))} | {reached} |"

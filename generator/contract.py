@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from generator.prompt import SECTION_NUMBER, body_sentences, sentences
 from generator.text import TOKEN, content_tokens, stems
+from ragline.markdown import read_table
 from ragline.types import INSUFFICIENT_INFO, Answer, Citation, Hit
 
 _CITATION = re.compile(r"\[(\d{1,2})\]")
@@ -197,13 +198,13 @@ def row_supported(question: str, new_words: set[str], hit: Hit) -> bool:
     """Whether a table answer's words sit in one row whose cells name something the question
     names: a cell read off another row (the answer's words all occur in the table, but in the
     Poisson row for a question about the log-normal one) is no answer."""
-    lines = [line for line in hit.chunk.text.split("\n") if line.startswith("|")]
-    if len(lines) < 3:
+    table = read_table(hit.chunk.text)
+    if not table.rows:
         return True  # no rows to tell apart
-    header = content_tokens(lines[0])
+    header = content_tokens(" ".join(table.header))
     asked = content_tokens(question) - header
-    for line in lines[2:]:
-        cells = content_tokens(line.replace("|", " "))
+    for row in table.rows:
+        cells = content_tokens(" ".join(row))
         if new_words <= cells | header | content_tokens(question) and cells & asked:
             return True
     return False
@@ -260,13 +261,13 @@ def check_answer(
         ]
         best = max(c for c, _ in coverage)
         cited = [n for c, n in coverage if c == best and c > 0][:2]
-    support_text = content_tokens(" ".join(support_of(evidence[n - 1]) for n in cited))
-    supported = len(new_words & support_text) / len(new_words) if cited else 0.0
+    cited_text = " ".join(support_of(evidence[n - 1]) for n in cited)
+    supported = len(new_words & content_tokens(cited_text)) / len(new_words) if cited else 0.0
     reason = ""
     if supported < min_support:
         reason = "unsupported"
     elif key_window > 0:
-        passage = " ".join(support_of(evidence[n - 1]) for n in cited).lower().split()
+        passage = cited_text.lower().split()
         asked = content_tokens(question)
         if not all(anchored(k, passage, asked, key_window) for k in key_tokens(new_words, body)):
             reason = "key_unanchored"

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from generator.budget import TokenBudget
 from generator.text import stems
+from ragline.markdown import read_table
 from ragline.types import INSUFFICIENT_INFO, Hit
 
 SYSTEM_PROMPT = (
@@ -35,24 +36,11 @@ def table_rows(text: str) -> list[str]:
     """A table chunk's units: its caption or lead-in sentence, then each row with its column
     names ("Distribution: log-normal; R name: lnorm; additional arguments: meanlog, sdlog"),
     so a row quoted alone still says what each cell is."""
-    units: list[str] = []
-    header: list[str] | None = None
-    for line in text.split("\n"):
-        line = line.strip()
-        if not line.startswith("|"):
-            units.extend(sentences(line))
-            continue
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if all(re.fullmatch(r"-{3,}", c) for c in cells):
-            continue
-        if header is None:
-            header = cells
-            continue
-        named = [
-            f"{name}: {cell}" if name else cell
-            for name, cell in zip((header + [""] * len(cells))[: len(cells)], cells, strict=True)
-            if cell
-        ]
+    table = read_table(text)
+    units = [sentence for line in table.prose for sentence in sentences(line)]
+    for cells in table.rows:
+        names = (table.header + [""] * len(cells))[: len(cells)]
+        named = [f"{n}: {c}" if n else c for n, c in zip(names, cells, strict=True) if c]
         if named:
             units.append("; ".join(named))
     return units

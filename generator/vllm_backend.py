@@ -62,7 +62,9 @@ class VllmBackend:
         """The running ``AsyncLLM`` (None before :meth:`warm_up`)."""
         return self._engine
 
-    def _engine_environment(self) -> dict[str, str]:
+    def engine_environment(self) -> dict[str, str]:
+        """The environment vLLM's engine reads (thread binding, KV cache, cache folders); also
+        what a separately started vLLM server needs to run the same way."""
         available = os.cpu_count() or 1
         cores = min(self.threads, available) if self.threads > 0 else available
         cache = (self.work_dir / "cache").resolve()
@@ -92,7 +94,7 @@ class VllmBackend:
                 ) from exc
             # vLLM reads these from the environment, in this process and in the children it
             # spawns (which inherit it); there is no engine argument for the CPU thread binding.
-            os.environ.update(self._engine_environment())
+            os.environ.update(self.engine_environment())
             args = AsyncEngineArgs(
                 model=self.model_id,
                 dtype="bfloat16",

@@ -46,7 +46,7 @@ def openai_server(
     import httpx
 
     port = free_port()
-    env = {**os.environ, **VllmBackend(str(model_dir), threads=threads)._engine_environment()}
+    env = {**os.environ, **VllmBackend(str(model_dir), threads=threads).engine_environment()}
     command = [
         sys.executable,
         "-m",

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ragline.markdown import to_markdown
+
 logger = logging.getLogger(__name__)
 
 Word = tuple[float, float, float, float, str]
@@ -268,17 +270,6 @@ def _cell(value: object) -> str:
 
 def _leaders(rows: Sequence[Sequence[str]]) -> int:
     return sum(any(_LEADER.search(c) for c in row) for row in rows)
-
-
-def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub Markdown table: the header row, the separator, then the rows (padded)."""
-    width = len(header)
-
-    def line(cells: Sequence[str]) -> str:
-        cells = list(cells[:width]) + [""] * (width - len(cells))
-        return "| " + " | ".join(cells) + " |"
-
-    return "\n".join([line(header), line(["---"] * width), *(line(r) for r in rows)])
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?:])\s+(?=[A-Z])")

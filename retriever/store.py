@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -38,6 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ragline.errors import DataLoss, FailedPrecondition, NotFound
+from ragline.markdown import read_table
 from ragline.types import Chunk, SparseVector
 from retriever.dense import DenseEncoder, HnswIndex
 from retriever.seismic_index import SeismicParams, SeismicSparseIndex
@@ -481,23 +481,15 @@ def encoding_text(chunk: Chunk) -> str:
     return " > ".join(chunk.title_path) + "\n" + text
 
 
-_SEPARATOR_ROW = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
-
-
 def _table_words(text: str) -> str:
     """A Markdown table's text as lines of words: ``| a | b |`` → ``a b``; the ``---`` row
     dropped. (Measured on the eval's table questions: pipes in the encoded text pushed the
     table chunk below plain text about it.)"""
-    lines = []
-    for line in text.split("\n"):
-        stripped = line.strip()
-        if _SEPARATOR_ROW.match(stripped):
-            continue
-        if stripped.startswith("|"):
-            stripped = " ".join(c.strip() for c in stripped.strip("|").split("|") if c.strip())
-        if stripped:
-            lines.append(stripped)
-    return "\n".join(lines)
+    table = read_table(text)
+    lines = [
+        " ".join(" ".join(cells).replace("|", " ").split()) for cells in [table.header, *table.rows]
+    ]
+    return "\n".join([*table.prose, *(line for line in lines if line)])
 
 
 def _read_manifest(snap: Path) -> dict:
