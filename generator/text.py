@@ -25,19 +25,24 @@ _ES_PLURAL = ("sses", "xes", "zes", "ches", "shes")
 
 def stem(word: str) -> str:
     """A deliberately light stemmer: plurals and -ing/-ed ("files" → "file", "boxes" → "box",
-    "reading" → "read"), applied the same way to questions and passages."""
+    "reading" → "read"), applied the same way to questions and passages. A final "e" left on
+    a stem of 5+ letters goes too, so that "disable", "disables", "disabled" and "disabling"
+    meet at "disabl"."""
     if len(word) <= 4 or not word.isalpha():
         return word
     if word.endswith("ies"):
         return word[:-3] + "y"
     if word.endswith(_ES_PLURAL):
         return word[:-2]
+    out = word
     for suffix in ("ing", "ed"):
         if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            return word[: -len(suffix)]
-    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return word[:-1]
-    return word
+            out = word[: -len(suffix)]
+            break
+    else:
+        if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+            out = word[:-1]
+    return out[:-1] if len(out) > 4 and out.endswith("e") else out
 
 
 def stems(text: str) -> set[str]:

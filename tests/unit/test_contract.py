@@ -209,6 +209,9 @@ def test_stems_match_plurals_and_hyphenated_words() -> None:
         "is",
     ]
     assert stems("Fixed-width files") == {"fix", "width", "file"}
+    # every inflection meets at one stem, with or without the final e
+    assert {stem(w) for w in ("disable", "disables", "disabled", "disabling")} == {"disabl"}
+    assert {stem(w) for w in ("create", "creates", "created", "creating")} == {"creat"}
 
 
 def test_a_supported_answer_off_the_question_gives_way_to_the_quote() -> None:
