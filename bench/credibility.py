@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from credibility import calibration  # noqa: E402
+from credibility.lexical import context_of  # noqa: E402
 from credibility.model import PairClassifier  # noqa: E402
 from credibility.pairs import read_pairs  # noqa: E402
 from credibility.train import _auc  # noqa: E402
@@ -65,7 +66,9 @@ def main() -> int:
     batches = []
     for q in questions:
         rows = view.sparse.search(store.encoder.encode_query(q), args.passages)
-        batches.append((q, [view.chunks[r].text for r, _ in rows]))
+        chunks = [view.chunks[r] for r, _ in rows]
+        contexts = [context_of(c.source, c.title_path) for c in chunks]
+        batches.append((q, [c.text for c in chunks], contexts))
     heldout = read_pairs(checkpoint / "heldout.jsonl")
     labels = np.array([p.label for p in heldout])
 
@@ -77,12 +80,12 @@ def main() -> int:
             clf.warm_up()
             clf.predict(*batches[0])  # warm
             latencies = []
-            for q, passages in batches:
+            for q, passages, contexts in batches:
                 started = time.perf_counter()
-                clf.predict(q, passages)
+                clf.predict(q, passages, contexts)
                 latencies.append((time.perf_counter() - started) * 1000)
             queries, passages = [p.query for p in heldout], [p.passage for p in heldout]
-            features = clf.features(queries, passages)
+            features = clf.features(queries, passages, [p.context for p in heldout])
             logits, probs = features[:, 0], clf.calibrated(features)
             at = calibration.precision_at(probs, labels, 0.85)
             results.append(

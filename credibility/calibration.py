@@ -20,7 +20,15 @@ from numpy.typing import ArrayLike
 
 Method = Literal["temperature", "isotonic"]
 
-FEATURES = ("logit", "coverage", "coverage_2nd", "coverage_passage", "answer_type")
+FEATURES = (
+    "logit",
+    "coverage",
+    "coverage_2nd",
+    "coverage_passage",
+    "answer_type",
+    "coverage_context",
+    "coverage_passage_context",
+)
 """Every feature a calibrator may use, in the order of the feature matrix."""
 
 

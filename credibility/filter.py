@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
+from credibility.lexical import context_of
 from credibility.model import PairClassifier
 from ragline.errors import Unavailable
 from ragline.types import Hit
@@ -109,9 +110,11 @@ class ClassifierFilter(Thresholded):
         if not hits:
             return []
         passages = [h.chunk.text for h in hits]
+        contexts = [context_of(h.chunk.source, h.chunk.title_path) for h in hits]
         try:
             probs = await asyncio.wait_for(
-                asyncio.to_thread(self.classifier.predict, query, passages), self.timeout_s
+                asyncio.to_thread(self.classifier.predict, query, passages, contexts),
+                self.timeout_s,
             )
         except TimeoutError as exc:
             raise Unavailable(

@@ -5,12 +5,17 @@
 - ``answer_type``: whether the best sentence (with the one after it) holds a token of the kind
   the question asks for — a number for "how many", an identifier for "which function /
   variable / option", a name for "who" — that the question does not already contain.
-  0.5 when the question asks for no particular kind.
+  0.5 when the question asks for no particular kind;
+- ``coverage_context`` / ``coverage_passage_context``: the best sentence's and the passage's
+  coverage when the words of the passage's context — its section headings and document name —
+  count as present too. People name the manual or section they ask about ("According to
+  Writing R Extensions, ...", "in an acmart article"), words its answer sentence rarely repeats.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from generator.prompt import sentences
 from generator.text import stems
@@ -52,21 +57,33 @@ def _has_new(kind: str, text: str, question: str) -> bool:
     return any(m.group().lower() not in asked for m in pattern.finditer(text))
 
 
-def features(question: str, passage: str) -> tuple[float, float, float, float]:
-    """(coverage best, coverage 2nd, coverage passage, answer_type) — see the module doc."""
+def context_of(source: str, title_path: Sequence[str]) -> str:
+    """A passage's context as words: its document's file name and its section headings."""
+    name = re.sub(r"\.pdf$", "", source, flags=re.I)
+    return " ".join([re.sub(r"[-_.]+", " ", name), *title_path])
+
+
+def features(question: str, passage: str, context: str = "") -> tuple[float, ...]:
+    """(coverage best, coverage 2nd, coverage passage, answer_type, coverage best with
+    context, coverage passage with context) — see the module doc."""
     asked = stems(question)
     parts = sentences(passage) or [passage]
     if not asked:
-        return (0.0, 0.0, 0.0, 0.5)
-    shares = [len(asked & stems(s)) / len(asked) for s in parts]
+        return (0.0, 0.0, 0.0, 0.5, 0.0, 0.0)
+    around = stems(context) & asked if context else set()
+    bags = [stems(s) for s in parts]
+    shares = [len(asked & bag) / len(asked) for bag in bags]
     order = sorted(range(len(parts)), key=lambda i: -shares[i])
     best = order[0]
     second = shares[order[1]] if len(order) > 1 else 0.0
-    whole = len(asked & stems(passage)) / len(asked)
+    in_passage = asked & stems(passage)
+    whole = len(in_passage) / len(asked)
     kind = expected_kind(question)
     if not kind:
         typed = 0.5
     else:
         window = " ".join(parts[best : best + 2])
         typed = 1.0 if _has_new(kind, window, question) else 0.0
-    return (shares[best], second, whole, typed)
+    best_context = max(len(asked & (bag | around)) for bag in bags) / len(asked)
+    whole_context = len(in_passage | around) / len(asked)
+    return (shares[best], second, whole, typed, best_context, whole_context)

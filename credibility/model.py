@@ -134,23 +134,36 @@ class PairClassifier:
             self._model, self._tokenizer, queries, texts, self.max_length, self.batch_size
         )
 
-    def features(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
-        """The feature matrix the calibrator reads, columns in ``FEATURES`` order."""
-        return feature_matrix(self.pair_logits(queries, passages), queries, passages)
+    def features(
+        self,
+        queries: Sequence[str],
+        passages: Sequence[str],
+        contexts: Sequence[str] | None = None,
+    ) -> np.ndarray:
+        """The feature matrix the calibrator reads, columns in ``FEATURES`` order.
+        ``contexts``: each passage's :func:`~credibility.lexical.context_of` (or none)."""
+        return feature_matrix(self.pair_logits(queries, passages), queries, passages, contexts)
 
     def calibrated(self, features: np.ndarray) -> np.ndarray:
         """Probabilities for a :meth:`features` matrix."""
         columns = [FEATURES.index(name) for name in self.calibrator.features]
         return self.calibrator(features[:, columns])
 
-    def predict(self, query: str, passages: Sequence[str]) -> np.ndarray:
+    def predict(
+        self, query: str, passages: Sequence[str], contexts: Sequence[str] | None = None
+    ) -> np.ndarray:
         """Calibrated probability per passage that it contains the answer."""
-        return self.predict_pairs([query] * len(passages), passages)
+        return self.predict_pairs([query] * len(passages), passages, contexts)
 
-    def predict_pairs(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
+    def predict_pairs(
+        self,
+        queries: Sequence[str],
+        passages: Sequence[str],
+        contexts: Sequence[str] | None = None,
+    ) -> np.ndarray:
         if not passages:
             return np.zeros(0, dtype=np.float64)
-        return self.calibrated(self.features(queries, passages))
+        return self.calibrated(self.features(queries, passages, contexts))
 
 
 def batched_logits(
@@ -176,10 +189,14 @@ def batched_logits(
 
 
 def feature_matrix(
-    logits: np.ndarray, queries: Sequence[str], passages: Sequence[str]
+    logits: np.ndarray,
+    queries: Sequence[str],
+    passages: Sequence[str],
+    contexts: Sequence[str] | None = None,
 ) -> np.ndarray:
     """``logits`` beside the lexical features of each pair, columns in ``FEATURES`` order."""
-    lexical = [lexical_features(q, p) for q, p in zip(queries, passages, strict=True)]
+    around = contexts if contexts is not None else [""] * len(passages)
+    lexical = [lexical_features(q, p, c) for q, p, c in zip(queries, passages, around, strict=True)]
     return np.c_[logits, np.array(lexical).reshape(len(passages), len(FEATURES) - 1)]
 
 

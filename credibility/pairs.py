@@ -27,6 +27,9 @@ class Pair:
     """The question this pair belongs to: train/held-out splits never cut a group."""
     source: str = ""
     """How the pair was made (``positive``, ``near_miss``, ``hard_negative``, ``random``, ...)."""
+    context: str = ""
+    """The passage's context words: document name and section headings
+    (:func:`credibility.lexical.context_of`); empty when unknown."""
 
 
 def read_pairs(path: Path, fmt: PairFormat = "auto") -> list[Pair]:
@@ -86,7 +89,14 @@ def _read_jsonl(path: Path) -> list[Pair]:
             if label not in (0, 1):
                 raise InvalidArgument.for_field("pairs", f"{path}:{n}: label must be 0 or 1")
             pairs.append(
-                Pair(query, passage, label, str(row.get("group", n)), row.get("source", ""))
+                Pair(
+                    query,
+                    passage,
+                    label,
+                    str(row.get("group", n)),
+                    row.get("source", ""),
+                    row.get("context", ""),
+                )
             )
     return pairs
 

@@ -146,7 +146,9 @@ def train(
         logits = batched_logits(
             model, tokenizer, queries, [texts[id(p)] for p in subset], config.max_length, 64
         )
-        return feature_matrix(logits, queries, [p.passage for p in subset])
+        return feature_matrix(
+            logits, queries, [p.passage for p in subset], [p.context for p in subset]
+        )
 
     names = FEATURES if config.lexical else ("logit",)
     columns = [FEATURES.index(n) for n in names]

@@ -439,18 +439,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-questions",
         type=int,
-        default=4000,
-        help="questions generated from the corpus (default 4000, ~4 pairs each)",
+        default=6000,
+        help="questions generated from the corpus (default 6000, ~4 pairs each)",
     )
     p.add_argument(
-        "--questions-per-chunk", type=int, default=2, help="at most this many per passage"
+        "--questions-per-chunk", type=int, default=3, help="at most this many per passage"
     )
     p.add_argument(
         "--word-dropout",
         type=float,
-        default=0.4,
+        default=0.75,
         help="share of a source sentence's content words left out of its generated question, "
-        "so questions do not simply copy the passage (default 0.4)",
+        "so questions do not simply copy the passage (default 0.75)",
     )
     p.add_argument(
         "--answer-deleted-rate",

@@ -87,7 +87,10 @@ def test_reliability_png_is_written(tmp_path: Path) -> None:
 
 # -- pair formats ------------------------------------------------------------------------------
 def test_jsonl_round_trip_and_bad_rows(tmp_path: Path) -> None:
-    pairs = [Pair("q1", "p1", 1, "a", "positive"), Pair("q1", "p2", 0, "a", "random")]
+    pairs = [
+        Pair("q1", "p1", 1, "a", "positive", "R data Reading"),
+        Pair("q1", "p2", 0, "a", "random"),
+    ]
     path = tmp_path / "pairs.jsonl"
     assert write_pairs(path, pairs) == 2
     assert read_pairs(path) == pairs
@@ -178,6 +181,8 @@ CHUNKS = [
         "has a fixed width in columns. It is slow on large inputs. Use the widths argument to "
         "give the field widths. Many other readers exist for other file formats in R today.",
         (1,),
+        source="R-data.pdf",
+        title_path=("Reading",),
     ),
     Chunk(
         "c1",
@@ -220,6 +225,8 @@ def test_generated_pairs_label_by_the_answer_span() -> None:
     assert {"positive", "near_miss", "hard_negative"} <= sources
     near = [p for p in pairs if p.source == "near_miss"]
     assert all(p.label == 0 and "read.fwf" not in p.passage for p in near)
+    # every pair carries its passage's context, as the filter sees it at query time
+    assert all(p.context == "R data Reading" for p in pairs if p.passage == CHUNKS[0].text)
     # deterministic for a seed
     again, _ = generate_pairs(CHUNKS, _overlap_search, config)
     assert again == pairs
@@ -261,11 +268,28 @@ def test_lexical_features_see_coverage_and_the_asked_kind() -> None:
         "The location of the site profile file is taken from the R_PROFILE environment variable."
     )
     blanked = "The location of the site profile file is taken from an environment variable."
-    best, second, whole, typed = features(q, answer + " Other text follows here.")
+    best, second, whole, typed, *_ = features(q, answer + " Other text follows here.")
     assert best >= 0.8 and whole >= best and second < best
     assert typed == 1.0
     assert features(q, blanked)[3] == 0.0  # on topic, but no identifier to answer with
     assert features("Why is the sky blue?", answer)[3] == 0.5
+
+
+def test_context_words_count_as_covered() -> None:
+    """A question that names its manual and section: those words are in the passage's
+    context (file name, headings), not in its answer sentence."""
+    from credibility.lexical import context_of, features
+
+    context = context_of("R-admin.pdf", ("5 Running R", "Resource limits"))
+    assert context == "R admin 5 Running R Resource limits"
+    q = "According to R admin, what stack size does running R expect from resource limits?"
+    passage = "R expects a stack size of at least 8MB. Other text follows here."
+    plain = features(q, passage)
+    with_context = features(q, passage, context)
+    assert plain[:4] == with_context[:4]  # the original features ignore the context
+    assert plain[4] == plain[0] and plain[5] == plain[2]  # no context: the same coverage
+    assert with_context[4] > plain[0] + 0.3 and with_context[5] > plain[2] + 0.3
+    assert with_context[4] <= 1.0 and with_context[5] <= 1.0
 
 
 def test_too_few_pairs_is_a_clear_error(tmp_path: Path) -> None:
