@@ -30,7 +30,8 @@ ingest:
 	$(BIN)/ragline ingest $(CORPUS)
 
 ## credibility: train + calibrate the credibility classifier from the ingested index, unless
-##      var/models/credibility already holds one (retrain: ragline credibility train)
+##      var/models/credibility already holds one calibrated on this code's features
+##      (retrain: ragline credibility train)
 credibility:
 	@$(BIN)/ragline credibility train --if-missing || echo "warning: no credibility model" \
 	  "(see above); the server filters evidence by the SPLADE score floor instead" >&2

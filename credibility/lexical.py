@@ -20,6 +20,12 @@ from collections.abc import Sequence
 from generator.prompt import sentences
 from generator.text import stems
 
+FEATURES_VERSION = 2
+"""What :func:`features` computes, with the text helpers it reads (``sentences``, ``stems``).
+Bump it whenever they change: a checkpoint records the version it was calibrated on, and one
+calibrated on other features is stale (``ragline credibility train --if-missing`` retrains
+it; the server warns). 1: before context words and the final-e stemmer fix; 2: both."""
+
 _NUMBER_Q = re.compile(
     r"\bhow (?:many|much|long|large|big|old|often)\b|\bwhat (?:number|value|size|percentage|"
     r"version|year|length|limit|width|height|margin)s?\b|\bwhich (?:version|year)\b"

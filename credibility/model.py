@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from credibility.calibration import FEATURES, Calibrator
+from credibility.lexical import FEATURES_VERSION
 from credibility.lexical import features as lexical_features
 from generator.prompt import sentences
 from generator.text import stems
@@ -56,6 +57,28 @@ def focus_passage(query: str, passage: str, max_words: int) -> str:
 
 def is_checkpoint(path: Path) -> bool:
     return (path / "model" / "config.json").is_file() and (path / "calibration.json").is_file()
+
+
+def features_version(path: Path) -> int:
+    """The lexical-features version a checkpoint was calibrated on (1 when it predates the
+    record)."""
+    try:
+        report = json.loads((path / "report.json").read_text())
+    except (OSError, ValueError):
+        return 1
+    return int(report.get("features_version", 1))
+
+
+def stale_reason(path: Path) -> str:
+    """Why the checkpoint at ``path`` does not fit this code ("" when it does)."""
+    version = features_version(path)
+    if version == FEATURES_VERSION:
+        return ""
+    return (
+        f"the credibility checkpoint at {path} was calibrated on lexical features "
+        f"v{version}, this code computes v{FEATURES_VERSION}: its scores are off until it is "
+        "retrained (`ragline credibility train`)"
+    )
 
 
 class PairClassifier:
@@ -119,6 +142,8 @@ class PairClassifier:
             )
             report = self.checkpoint / "report.json"
             self.report = json.loads(report.read_text()) if report.is_file() else {}
+            if stale := stale_reason(self.checkpoint):
+                logger.warning(stale)
             self._tokenizer = tokenizer
             self._model = model
             logger.info("credibility classifier loaded from %s", self.checkpoint)

@@ -21,6 +21,7 @@ import numpy as np
 
 from credibility import calibration
 from credibility.calibration import FEATURES, Method
+from credibility.lexical import FEATURES_VERSION
 from credibility.model import (
     PACKAGED_BASE,
     batched_logits,
@@ -162,6 +163,7 @@ def train(
 
     report: dict[str, Any] = {
         "model_id": f"ragline-credibility:{Path(base).name}:seed{config.seed}",
+        "features_version": FEATURES_VERSION,
         "config": asdict(config),
         "pairs": {
             "train": len(train_set),

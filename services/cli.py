@@ -220,7 +220,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from credibility.distant import DistantConfig, pairs_from_store
-    from credibility.model import PACKAGED_BASE, is_checkpoint
+    from credibility.model import PACKAGED_BASE, is_checkpoint, stale_reason
     from credibility.pairs import Pair, read_pairs, write_pairs
     from credibility.train import TrainConfig, train
     from services.server import build_store
@@ -228,8 +228,10 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.out) if args.out else settings.credibility.model_dir
     if args.if_missing and is_checkpoint(out):
-        print(f"credibility checkpoint present at {out}: nothing to do")
-        return 0
+        if not (stale := stale_reason(out)):
+            print(f"credibility checkpoint present at {out}: nothing to do")
+            return 0
+        print(f"retraining: {stale}", flush=True)
     pairs: list[Pair] = []
     for path in args.pairs or []:
         pairs += read_pairs(Path(path), args.format)
@@ -468,7 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--save-pairs", help="also write the training pairs to this JSONL file")
     p.add_argument(
-        "--if-missing", action="store_true", help="do nothing if --out holds a checkpoint"
+        "--if-missing",
+        action="store_true",
+        help="do nothing if --out holds a checkpoint calibrated on this code's features "
+        "(one calibrated on older features is retrained)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_credibility_train)

@@ -299,3 +299,38 @@ def test_too_few_pairs_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="too few"):
         train(pairs, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _fake_checkpoint(path: Path, report: dict) -> Path:
+    (path / "model").mkdir(parents=True)
+    (path / "model" / "config.json").write_text("{}")
+    (path / "calibration.json").write_text("{}")
+    (path / "report.json").write_text(json.dumps(report))
+    return path
+
+
+def test_a_checkpoint_calibrated_on_other_features_is_retrained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from credibility.lexical import FEATURES_VERSION
+    from credibility.model import features_version, stale_reason
+    from services.cli import main
+
+    old = _fake_checkpoint(tmp_path / "old", {"model_id": "before the record"})
+    current = _fake_checkpoint(tmp_path / "current", {"features_version": FEATURES_VERSION})
+    assert features_version(old) == 1 and features_version(current) == FEATURES_VERSION
+    assert stale_reason(current) == ""
+    assert f"v1, this code computes v{FEATURES_VERSION}" in stale_reason(old)
+
+    assert main(["credibility", "train", "--if-missing", "-q", "--out", str(current)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    # a stale one is retrained: here from an empty index, which fails clearly, and the old
+    # checkpoint is left as it was
+    before = (old / "report.json").read_text()
+    empty = tmp_path / "empty-index"
+    argv = ["credibility", "train", "--if-missing", "-q", "--out", str(old)]
+    assert main([*argv, "--index-dir", str(empty)]) != 0
+    captured = capsys.readouterr()
+    assert "retraining:" in captured.out
+    assert "empty" in captured.err
+    assert (old / "report.json").read_text() == before
