@@ -245,7 +245,14 @@ def check_answer(
         return Answer.insufficient_info("model_abstained")
     if not text:
         return Answer.insufficient_info("empty_output")
-    cited = sorted({int(n) for n in _CITATION.findall(text) if 1 <= int(n) <= len(evidence)})
+    # A marker naming no passage ("[2]" with one passage) goes: the answer's citations are
+    # the passages it names, or the ones that carry its words.
+    text = re.sub(
+        r" {2,}",
+        " ",
+        _CITATION.sub(lambda m: m.group() if 1 <= int(m.group(1)) <= len(evidence) else "", text),
+    ).strip()
+    cited = sorted({int(n) for n in _CITATION.findall(text)})
     body = _CITATION.sub("", text).strip()
     new_words = content_tokens(body) - content_tokens(question)
     if not new_words or not stems(body) - stems(question) - FILLER:

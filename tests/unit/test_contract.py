@@ -47,6 +47,14 @@ def test_out_of_range_citation_is_ignored_and_support_still_checked() -> None:
     assert answer.insufficient and answer.reason == "unsupported"
 
 
+def test_a_marker_naming_no_passage_leaves_the_answer_text() -> None:
+    """SmolLM2 wrote "[2] ..." with one passage: the answer cites [1] and shows only [1]."""
+    answer = check_answer(QUESTION, "[2] Use the function read.fwf.", EVIDENCE[:1])
+    assert not answer.insufficient
+    assert [c.number for c in answer.citations] == [1]
+    assert answer.text == "Use the function read.fwf. [1]"
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
