@@ -9,7 +9,7 @@ PORT ?= 50051
 .PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-ingest bench-generate clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
-##      credibility classifier once (~4 min), serve on :$(PORT)
+##      credibility classifier once (~5 min), serve on :$(PORT)
 ##      (FULL=1: the whole eval corpus, refman and the texlive samples included)
 run: setup redis corpus ingest credibility serve
 
