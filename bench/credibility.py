@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from credibility import calibration  # noqa: E402
-from credibility.lexical import context_of  # noqa: E402
+from credibility.lexical import chunk_context  # noqa: E402
 from credibility.model import PairClassifier  # noqa: E402
 from credibility.pairs import read_pairs  # noqa: E402
 from credibility.train import _auc  # noqa: E402
@@ -67,7 +67,7 @@ def main() -> int:
     for q in questions:
         rows = view.sparse.search(store.encoder.encode_query(q), args.passages)
         chunks = [view.chunks[r] for r, _ in rows]
-        contexts = [context_of(c.source, c.title_path) for c in chunks]
+        contexts = [chunk_context(c) for c in chunks]
         batches.append((q, [c.text for c in chunks], contexts))
     heldout = read_pairs(checkpoint / "heldout.jsonl")
     labels = np.array([p.label for p in heldout])

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from credibility.lexical import context_of
+from credibility.lexical import chunk_context
 from credibility.pairs import Pair
 from generator.prompt import sentences
 from generator.text import STOPWORDS, stems
@@ -200,11 +200,6 @@ def answers_in_context(question: Question, text: str, min_overlap: float = 0.5) 
     return False
 
 
-def around(chunk: Chunk) -> str:
-    """A chunk's context words, as the evidence filter sees them at query time."""
-    return context_of(chunk.source, chunk.title_path)
-
-
 def generate_pairs(
     chunks: Sequence[Chunk], search: Search, config: DistantConfig
 ) -> tuple[list[Pair], list[Question]]:
@@ -216,33 +211,39 @@ def generate_pairs(
     for n, (question, rows) in enumerate(zip(questions, ranked, strict=True)):
         group = f"g{n}"
         source = chunks[question.row]
-        pairs.append(Pair(question.text, source.text, 1, group, "positive", around(source)))
+        pairs.append(Pair(question.text, source.text, 1, group, "positive", chunk_context(source)))
         # The answer sentence with the answer itself replaced: every question word still
         # there, the asked fact gone — what a near-miss unanswerable question retrieves.
         blanked = question.sentence.replace(question.answer, _FILLER[question.kind])
         deleted = source.text.replace(question.sentence, blanked)
         if question.answer not in deleted and rng.random() < config.answer_deleted_rate:
-            pairs.append(Pair(question.text, deleted, 0, group, "answer_deleted", around(source)))
+            pairs.append(
+                Pair(question.text, deleted, 0, group, "answer_deleted", chunk_context(source))
+            )
         cut = source.text.replace(question.sentence, " ")
         if question.answer not in cut and len(cut.split()) >= 20:
-            pairs.append(Pair(question.text, cut, 0, group, "near_miss", around(source)))
+            pairs.append(Pair(question.text, cut, 0, group, "near_miss", chunk_context(source)))
         hard = [r for r in rows if r != question.row][: config.hard_negatives]
         for row in hard:
             text = chunks[row].text
             if question.answer not in text:
                 pairs.append(
-                    Pair(question.text, text, 0, group, "hard_negative", around(chunks[row]))
+                    Pair(question.text, text, 0, group, "hard_negative", chunk_context(chunks[row]))
                 )
             elif answers_in_context(question, text):
                 pairs.append(
-                    Pair(question.text, text, 1, group, "other_positive", around(chunks[row]))
+                    Pair(
+                        question.text, text, 1, group, "other_positive", chunk_context(chunks[row])
+                    )
                 )
             # else: the span occurs, in another context: ambiguous, left out
         for _ in range(config.random_negatives):
             row = rng.randrange(len(chunks))
             other = chunks[row]
             if other.doc_id != source.doc_id and question.answer not in other.text:
-                pairs.append(Pair(question.text, other.text, 0, group, "random", around(other)))
+                pairs.append(
+                    Pair(question.text, other.text, 0, group, "random", chunk_context(other))
+                )
     return pairs, questions
 
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from credibility.lexical import context_of
+from credibility.lexical import chunk_context
 from credibility.model import PairClassifier
 from ragline.errors import Unavailable
 from ragline.types import Hit
@@ -110,7 +110,7 @@ class ClassifierFilter(Thresholded):
         if not hits:
             return []
         passages = [h.chunk.text for h in hits]
-        contexts = [context_of(h.chunk.source, h.chunk.title_path) for h in hits]
+        contexts = [chunk_context(h.chunk) for h in hits]
         try:
             probs = await asyncio.wait_for(
                 asyncio.to_thread(self.classifier.predict, query, passages, contexts),

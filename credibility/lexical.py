@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from generator.prompt import sentences
 from generator.text import stems
+from ragline.types import Chunk
 
 FEATURES_VERSION = 2
 """What :func:`features` computes, with the text helpers it reads (``sentences``, ``stems``).
@@ -67,6 +68,11 @@ def context_of(source: str, title_path: Sequence[str]) -> str:
     """A passage's context as words: its document's file name and its section headings."""
     name = re.sub(r"\.pdf$", "", source, flags=re.I)
     return " ".join([re.sub(r"[-_.]+", " ", name), *title_path])
+
+
+def chunk_context(chunk: Chunk) -> str:
+    """:func:`context_of` a chunk: what the filter reads at query time and training pairs carry."""
+    return context_of(chunk.source, chunk.title_path)
 
 
 def features(question: str, passage: str, context: str = "") -> tuple[float, ...]:

@@ -69,9 +69,10 @@ def features_version(path: Path) -> int:
     return int(report.get("features_version", 1))
 
 
-def stale_reason(path: Path) -> str:
-    """Why the checkpoint at ``path`` does not fit this code ("" when it does)."""
-    version = features_version(path)
+def stale_reason(path: Path, report: dict[str, Any] | None = None) -> str:
+    """Why the checkpoint at ``path`` does not fit this code ("" when it does); ``report``:
+    its ``report.json`` when already read."""
+    version = int(report.get("features_version", 1)) if report else features_version(path)
     if version == FEATURES_VERSION:
         return ""
     return (
@@ -142,7 +143,7 @@ class PairClassifier:
             )
             report = self.checkpoint / "report.json"
             self.report = json.loads(report.read_text()) if report.is_file() else {}
-            if stale := stale_reason(self.checkpoint):
+            if stale := stale_reason(self.checkpoint, self.report):
                 logger.warning(stale)
             self._tokenizer = tokenizer
             self._model = model
