@@ -20,17 +20,45 @@ from credibility.lexical import FEATURES_VERSION
 from credibility.lexical import features as lexical_features
 from generator.prompt import sentences
 from generator.text import stems
-from ragline.errors import FailedPrecondition
-from retriever.models import PACKAGED_SPLADE, resolve_splade
+from ragline.errors import FailedPrecondition, InvalidArgument
+from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE, resolve_dense, resolve_splade
 
 logger = logging.getLogger(__name__)
 
 PACKAGED_BASE = PACKAGED_SPLADE
 """Offline base: the 2-layer, 128-wide BERT body of the packaged SPLADE-tiny."""
 
+PACKAGED_BASES = (PACKAGED_SPLADE, PACKAGED_MINILM)
+"""Bases that load with no network: the default, and the 6-layer, 384-wide BERT body of the
+packaged all-MiniLM-L6-v2 (reads generated questions better, ~8x slower: see the README)."""
+
 
 def resolve_base(name: str) -> str:
-    return resolve_splade(name) if name == PACKAGED_BASE else name
+    """A packaged base's folder; anything else (an HF id, a local folder) as given."""
+    if name == PACKAGED_MINILM:
+        return resolve_dense(name)
+    return resolve_splade(name)
+
+
+def check_base(name: str) -> str:
+    """The resolved base, once its config loads: a bad ``--base`` fails before minutes of
+    pair generation, not after.
+
+    Raises:
+        InvalidArgument: nothing loadable by that name (offline, an HF id is not).
+    """
+    from transformers import AutoConfig
+
+    resolved = resolve_base(name)
+    try:
+        AutoConfig.from_pretrained(resolved)
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument.for_field(
+            "base",
+            f"cannot load {name!r}: {exc}. Give a local model folder or one of "
+            f"{', '.join(PACKAGED_BASES)}",
+        ) from exc
+    return resolved
 
 
 def focus_passage(query: str, passage: str, max_words: int) -> str:

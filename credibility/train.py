@@ -25,10 +25,10 @@ from credibility.lexical import FEATURES_VERSION
 from credibility.model import (
     PACKAGED_BASE,
     batched_logits,
+    check_base,
     encode_pairs,
     feature_matrix,
     focus_passage,
-    resolve_base,
 )
 from credibility.pairs import Pair, write_pairs
 from ragline.errors import InvalidArgument
@@ -55,6 +55,21 @@ class TrainConfig:
     ``credibility.calibration``); False = temperature scaling of the logit alone."""
     seed: int = 0
     threads: int = 0
+
+    def validate(self) -> TrainConfig:
+        """Raises :class:`InvalidArgument` naming the first setting out of range."""
+        checks = (
+            ("epochs", self.epochs >= 1, "must be >= 1"),
+            ("batch_size", self.batch_size >= 1, "must be >= 1"),
+            ("learning_rate", 0 < self.learning_rate < 1, "must be in (0, 1)"),
+            ("max_length", self.max_length >= 16, "must be >= 16"),
+            ("max_words", self.max_words >= 1, "must be >= 1"),
+            ("holdout", 0 < self.holdout < 1, "must be in (0, 1)"),
+        )
+        for field, ok, why in checks:
+            if not ok:
+                raise InvalidArgument.for_field(field, f"{why} (got {getattr(self, field)})")
+        return self
 
 
 def split_groups(pairs: Sequence[Pair], holdout: float, seed: int) -> tuple[list, list, list]:
@@ -84,7 +99,7 @@ def train(
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     transformers.logging.set_verbosity_error()  # the new head's "MISSING" weights are expected
-    config = config or TrainConfig()
+    config = (config or TrainConfig()).validate()
     if len({p.label for p in pairs}) < 2:
         raise InvalidArgument.for_field("pairs", "need both positive and negative pairs")
     started = time.perf_counter()
@@ -101,7 +116,7 @@ def train(
                 f"{len(pairs)} pairs are too few: the {name} split lacks positives or negatives "
                 "(ingest more text, or give labelled pairs with --pairs)",
             )
-    base = resolve_base(config.base)
+    base = check_base(config.base)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
     texts = {id(p): focus_passage(p.query, p.passage, config.max_words) for p in pairs}
@@ -176,7 +191,8 @@ def train(
     raw = 1 / (1 + np.exp(-held_logits))
 
     report: dict[str, Any] = {
-        "model_id": f"ragline-credibility:{Path(base).name}:seed{config.seed}",
+        # the base as named ("packaged:splade-tiny"): every packaged folder is called "model"
+        "model_id": f"ragline-credibility:{Path(config.base).name}:seed{config.seed}",
         "features_version": FEATURES_VERSION,
         "config": asdict(config),
         "pairs": {

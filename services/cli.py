@@ -220,7 +220,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from credibility.distant import DistantConfig, pairs_from_store
-    from credibility.model import PACKAGED_BASE, is_checkpoint, stale_reason
+    from credibility.model import PACKAGED_BASE, check_base, is_checkpoint, stale_reason
     from credibility.pairs import Pair, read_pairs, write_pairs
     from credibility.train import TrainConfig, train
     from services.server import build_store
@@ -232,6 +232,17 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
             print(f"credibility checkpoint present at {out}: nothing to do")
             return 0
         print(f"retraining: {stale}", flush=True)
+    config_t = TrainConfig(
+        base=args.base or PACKAGED_BASE,
+        epochs=args.epochs,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+        calibration=args.calibration,
+        max_length=settings.credibility.max_length,
+        max_words=settings.credibility.max_words,
+        threads=settings.server.threads,
+    ).validate()
+    check_base(config_t.base)  # a bad --base fails now, not after minutes of generation
     pairs: list[Pair] = []
     for path in args.pairs or []:
         pairs += read_pairs(Path(path), args.format)
@@ -257,15 +268,6 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
         print(f"generated {len(generated)} pairs from {len(questions)} questions", flush=True)
     if args.save_pairs:
         write_pairs(Path(args.save_pairs), pairs)
-    config_t = TrainConfig(
-        base=args.base or PACKAGED_BASE,
-        epochs=args.epochs,
-        seed=args.seed,
-        calibration=args.calibration,
-        max_length=settings.credibility.max_length,
-        max_words=settings.credibility.max_words,
-        threads=settings.server.threads,
-    )
     bar = None
     if not args.quiet:
         from tqdm import tqdm
@@ -461,7 +463,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of questions that also get a negative made by blanking the answer in its "
         "own sentence (hardest negatives; default 0: too hard for the packaged base model)",
     )
-    p.add_argument("--base", help="base checkpoint (default: the packaged SPLADE-tiny BERT body)")
+    p.add_argument(
+        "--base",
+        help="base model: a local folder, an HF id (needs a network), or a packaged one: "
+        "packaged:splade-tiny (default; the 2-layer BERT body of SPLADE-tiny) or "
+        "packaged:all-minilm-l6-v2 (6 layers; ~8x slower to train and to score)",
+    )
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=2e-4,
+        help="AdamW peak learning rate (default 2e-4, for the 2-layer base; ~5e-5 suits "
+        "6-layer bases)",
+    )
     p.add_argument(
         "--calibration",
         choices=["isotonic", "temperature"],

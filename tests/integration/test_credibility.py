@@ -96,6 +96,21 @@ def test_same_seed_same_model(rdata_store: IndexStore, tmp_path: Path) -> None:
     ).read_text()
 
 
+def test_the_packaged_minilm_body_is_a_base_too(rdata_store: IndexStore, tmp_path: Path) -> None:
+    pairs, _ = pairs_from_store(rdata_store, DistantConfig(max_questions=30, seed=3))
+    config = TrainConfig(
+        base="packaged:all-minilm-l6-v2", epochs=1, learning_rate=5e-5, max_length=96, threads=2
+    )
+    train(pairs, tmp_path / "minilm", config)
+    clf = PairClassifier(tmp_path / "minilm", max_length=96, threads=2)
+    clf.warm_up()
+    body = clf._model.config
+    assert (body.num_hidden_layers, body.hidden_size) == (6, 384)
+    assert clf.model_id == "ragline-credibility:packaged:all-minilm-l6-v2:seed0"
+    probs = clf.predict("Which function reads fixed width files?", ["read.fwf reads them."])
+    assert 0.0 <= probs[0] <= 1.0
+
+
 # -- in the service ----------------------------------------------------------------------------
 async def _serve(settings: Settings, shared: RunningServer) -> RunningServer:
     """A second server over the session server's index and generator (no second engine)."""

@@ -334,3 +334,40 @@ def test_a_checkpoint_calibrated_on_other_features_is_retrained(
     assert "retraining:" in captured.out
     assert "empty" in captured.err
     assert (old / "report.json").read_text() == before
+
+
+def test_train_settings_out_of_range_are_named() -> None:
+    from credibility.train import TrainConfig
+
+    assert TrainConfig().validate() == TrainConfig()
+    bad = {
+        "epochs": TrainConfig(epochs=0),
+        "learning_rate": TrainConfig(learning_rate=0.0),
+        "holdout": TrainConfig(holdout=1.0),
+    }
+    for field, config in bad.items():
+        with pytest.raises(InvalidArgument) as caught:
+            config.validate()
+        assert caught.value.violations[0].field == field
+
+
+def test_both_packaged_bases_resolve_and_a_bad_base_fails_before_generation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from credibility.model import PACKAGED_BASES, check_base
+    from services.cli import main
+
+    for name in PACKAGED_BASES:
+        assert (Path(check_base(name)) / "config.json").is_file()
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(InvalidArgument, match="packaged:all-minilm-l6-v2"):
+        check_base(str(missing))
+    # through the CLI: refused before the index is read (this index does not exist, and
+    # generating pairs from it would be the error otherwise), nothing written
+    out = tmp_path / "out"
+    argv = ["credibility", "train", "-q", "--out", str(out), "--index-dir", str(tmp_path / "i")]
+    assert main([*argv, "--base", str(missing)]) == 2
+    assert "base: cannot load" in capsys.readouterr().err
+    assert main([*argv, "--epochs", "0"]) == 2
+    assert "epochs: must be >= 1" in capsys.readouterr().err
+    assert not out.exists()
