@@ -211,40 +211,35 @@ def generate_pairs(
     for n, (question, rows) in enumerate(zip(questions, ranked, strict=True)):
         group = f"g{n}"
         source = chunks[question.row]
-        pairs.append(Pair(question.text, source.text, 1, group, "positive", chunk_context(source)))
+        pairs.append(_pair(question, group, source.text, 1, "positive", source))
         # The answer sentence with the answer itself replaced: every question word still
         # there, the asked fact gone — what a near-miss unanswerable question retrieves.
         blanked = question.sentence.replace(question.answer, _FILLER[question.kind])
         deleted = source.text.replace(question.sentence, blanked)
         if question.answer not in deleted and rng.random() < config.answer_deleted_rate:
-            pairs.append(
-                Pair(question.text, deleted, 0, group, "answer_deleted", chunk_context(source))
-            )
+            pairs.append(_pair(question, group, deleted, 0, "answer_deleted", source))
         cut = source.text.replace(question.sentence, " ")
         if question.answer not in cut and len(cut.split()) >= 20:
-            pairs.append(Pair(question.text, cut, 0, group, "near_miss", chunk_context(source)))
+            pairs.append(_pair(question, group, cut, 0, "near_miss", source))
         hard = [r for r in rows if r != question.row][: config.hard_negatives]
         for row in hard:
             text = chunks[row].text
             if question.answer not in text:
-                pairs.append(
-                    Pair(question.text, text, 0, group, "hard_negative", chunk_context(chunks[row]))
-                )
+                pairs.append(_pair(question, group, text, 0, "hard_negative", chunks[row]))
             elif answers_in_context(question, text):
-                pairs.append(
-                    Pair(
-                        question.text, text, 1, group, "other_positive", chunk_context(chunks[row])
-                    )
-                )
+                pairs.append(_pair(question, group, text, 1, "other_positive", chunks[row]))
             # else: the span occurs, in another context: ambiguous, left out
         for _ in range(config.random_negatives):
             row = rng.randrange(len(chunks))
             other = chunks[row]
             if other.doc_id != source.doc_id and question.answer not in other.text:
-                pairs.append(
-                    Pair(question.text, other.text, 0, group, "random", chunk_context(other))
-                )
+                pairs.append(_pair(question, group, other.text, 0, "random", other))
     return pairs, questions
+
+
+def _pair(question: Question, group: str, text: str, label: int, kind: str, chunk: Chunk) -> Pair:
+    """A pair of ``question`` with a passage ``text`` drawn from ``chunk`` (its context)."""
+    return Pair(question.text, text, label, group, kind, chunk_context(chunk))
 
 
 def pairs_from_store(store: Any, config: DistantConfig) -> tuple[list[Pair], list[Question]]:
