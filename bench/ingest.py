@@ -48,6 +48,9 @@ class CountingSink:
     def collection_of(self, doc_id: str) -> str | None:
         return None
 
+    def path_of(self, doc_id: str) -> str | None:
+        return None
+
     def put(
         self,
         doc_id: str,

@@ -38,6 +38,11 @@ class DocumentSink(Protocol):
 
     def collection_of(self, doc_id: str) -> str | None: ...
 
+    def path_of(self, doc_id: str) -> str | None:
+        """The absolute path the document was ingested from ("" for uploaded bytes; None: no
+        such document)."""
+        ...
+
     def put(
         self,
         doc_id: str,
@@ -334,6 +339,7 @@ def run_batch(
     workers: int = 1,
     memory_limit_mb: int = 4096,
     parse: ParseFn | None = None,
+    replace_other_paths: bool = False,
 ) -> IngestReport:
     """Ingest files and directories into ``sink``, with a progress bar and a final report.
 
@@ -344,6 +350,12 @@ def run_batch(
     skipped by content hash before any parsing. A worker over ``memory_limit_mb`` fails only
     the file it was parsing. ``parse`` replaces the parsing step (a module-level function, so
     worker processes can import it; default :func:`parse_path`).
+
+    A document's id is its file name's stem, so ``a/manual.pdf`` and ``b/manual.pdf`` share
+    one. Within a batch the second is refused; across batches a file whose id is held by a
+    document ingested from another path that still exists is refused too (it would silently
+    replace that document), unless ``replace_other_paths``. A document whose old path is gone
+    (the folder moved) is replaced as usual.
     """
     parse = parse or parse_path
     started = time.perf_counter()
@@ -372,6 +384,15 @@ def run_batch(
         if unchanged:
             report.results.append(FileResult(str(path), doc_id, "unchanged"))
             continue
+        if previous is not None and not replace_other_paths:
+            held = sink.path_of(doc_id)
+            if held and held != str(path.resolve()) and Path(held).exists():
+                reason = (
+                    f"document id {doc_id!r} is held by {held}, ingested earlier; this file "
+                    "would replace it: rename one of them, or pass --replace-other-paths"
+                )
+                report.results.append(FileResult(str(path), doc_id, "failed", reason=reason))
+                continue
         jobs.append(_Job(path, doc_id, previous, size))
     bar = tqdm(
         total=len(jobs),

@@ -277,6 +277,10 @@ class IndexStore:
         doc = self._docs.get(doc_id)
         return doc.chunks[0].collection if doc and doc.chunks else None
 
+    def path_of(self, doc_id: str) -> str | None:
+        doc = self._docs.get(doc_id)
+        return doc.chunks[0].path if doc and doc.chunks else None
+
     # -- writing -----------------------------------------------------------------------------
     def put(
         self,

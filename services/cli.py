@@ -57,6 +57,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             collection=collection,
             workers=i.workers if args.workers is None else args.workers,
             memory_limit_mb=i.worker_memory_mib,
+            replace_other_paths=args.replace_other_paths,
         )
     except RaglineError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -326,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         help="parser processes (default: RAGLINE_INGEST_WORKERS, 1; 0 = in this process)",
+    )
+    p.add_argument(
+        "--replace-other-paths",
+        action="store_true",
+        help="a document's id is its file name's stem: let a file replace a same-named "
+        "document ingested from another path that still exists (refused by default)",
     )
     p.add_argument("--report", help="also write the report (every file, why it failed) as JSON")
     p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")

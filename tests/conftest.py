@@ -40,6 +40,7 @@ MANUAL_PAGES = [
 
 def write_pdf(path: Path, pages: list[str]) -> Path:
     """A real PDF with one text block per page."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     doc = pymupdf.open()
     for text in pages:
         page = doc.new_page()

@@ -56,6 +56,33 @@ def test_ingest_is_idempotent_replaces_changed_and_deletes(
         store.delete("manual")
 
 
+def test_a_same_named_file_from_another_folder_does_not_silently_replace(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+    first = make_pdf("a/manual.pdf", MANUAL_PAGES)
+    other = make_pdf("b/manual.pdf", ["Chapter 1. A different manual about the widget daemon."])
+    assert run_batch([first], store, progress=False).results[0].status == "ingested"
+    kept = store.view
+
+    refused = run_batch([other], store, progress=False).results[0]
+    assert refused.status == "failed"
+    assert str(first.resolve()) in refused.reason and "--replace-other-paths" in refused.reason
+    assert store.view.generation == kept.generation  # nothing written
+    assert store.path_of("manual") == str(first.resolve())
+
+    forced = run_batch([other], store, progress=False, replace_other_paths=True)
+    assert forced.results[0].status == "replaced"
+    assert store.path_of("manual") == str(other.resolve())
+    assert "widget" in " ".join(c.text for c in store.view.chunks)
+
+    # the folder moved: its old path is gone, so the file replaces its document as usual
+    moved = make_pdf("c/manual.pdf", [*MANUAL_PAGES, "Chapter 5. Appendix."])
+    other.unlink()
+    assert run_batch([moved], store, progress=False).results[0].status == "replaced"
+
+
 async def test_snapshot_reloads_and_survives_a_crashed_write(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
