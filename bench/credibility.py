@@ -5,9 +5,12 @@ the accuracy cost of each way of making it faster.
 
 Variants: fp32 and int8 dynamic quantization, each at several max lengths. Latency: one
 ``predict`` call on 20 real passages (the top 20 SPLADE hits of a dev question on the index
-``make run`` built), p50/p95 over the questions, warm, on this machine's threads. Accuracy:
+``make run`` built), p50/p95 over the questions and repeats, warm, on this machine's threads,
+the variants interleaved question by question. Accuracy:
 AUC and precision/recall at 0.85 on the checkpoint's held-out generated pairs
-(``heldout.jsonl``; the calibration fitted for fp32 at the trained length is applied to all).
+(``heldout.jsonl``), out of sample: as in training, each half of them is scored by a
+calibrator fitted on the other half, on the fp32 features at the trained length, and applied
+to every variant as a deployed checkpoint applies its one calibration.
 
 Prints a table and writes ``bench/out/credibility.json``. Not a test: figures, not assertions.
 """
@@ -20,6 +23,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -42,6 +46,39 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def heldout_halves(checkpoint: Path, n: int) -> np.ndarray:
+    """Which half (0: calibration, 1: test) each held-out pair is in: training writes the
+    calibration half first and records its size in the report."""
+    report = json.loads((checkpoint / "report.json").read_text())
+    first = int(report["pairs"]["calibration"])
+    if not 0 < first < n:
+        raise SystemExit(f"{checkpoint}/report.json does not match heldout.jsonl ({n} pairs)")
+    return (np.arange(n) >= first).astype(int)
+
+
+def cross_fitted(
+    clf: PairClassifier, features: np.ndarray, labels: np.ndarray, halves: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Calibrators fitted on each half of ``features`` (the checkpoint's own method and
+    features); the returned function scores a pair with the one fitted on the other half."""
+    cal = clf.calibrator
+    columns = [calibration.FEATURES.index(name) for name in cal.features]
+    fits = [
+        calibration.fit(
+            features[halves == h][:, columns], labels[halves == h], cal.method, cal.features
+        )
+        for h in (0, 1)
+    ]
+
+    def score(variant: np.ndarray) -> np.ndarray:
+        out = np.empty(len(variant))
+        for h in (0, 1):
+            out[halves == h] = fits[1 - h](variant[halves == h][:, columns])
+        return out
+
+    return score
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default="var/models/credibility")
@@ -49,6 +86,7 @@ def main() -> int:
     parser.add_argument("--questions", default=str(ROOT.parent / "shared/eval/dev.jsonl"))
     parser.add_argument("--limit", type=int, default=40, help="questions timed")
     parser.add_argument("--passages", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2, help="passes over the questions")
     parser.add_argument("--lengths", default="128,192,256")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench/out/credibility.json"))
@@ -71,38 +109,48 @@ def main() -> int:
         batches.append((q, [c.text for c in chunks], contexts))
     heldout = read_pairs(checkpoint / "heldout.jsonl")
     labels = np.array([p.label for p in heldout])
+    halves = heldout_halves(checkpoint, len(heldout))
+    held = ([p.query for p in heldout], [p.passage for p in heldout], [p.context for p in heldout])
+    trained = PairClassifier(checkpoint, threads=args.threads)  # the trained length, fp32
+    trained.warm_up()
+    cross_fit = cross_fitted(trained, trained.features(*held), labels, halves)
 
-    results = []
+    variants = {}
     for quantize in (False, True):
         for length in [int(x) for x in args.lengths.split(",")]:
             words = max(32, int(length * 0.62))  # ~1.6 word-piece tokens per word here
             clf = PairClassifier(checkpoint, length, words, threads=args.threads, quantize=quantize)
             clf.warm_up()
             clf.predict(*batches[0])  # warm
-            latencies = []
-            for q, passages, contexts in batches:
+            variants[f"{'int8' if quantize else 'fp32'} len {length}"] = clf
+    # Interleaved: each question is scored by every variant in turn, so a slow spell of a
+    # shared machine (seen here: the same variant 60 ms in one run, 99 ms in the next) falls
+    # on all of them alike instead of on whichever ran then.
+    latencies: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.repeats):
+        for q, passages, contexts in batches:
+            for name, clf in variants.items():
                 started = time.perf_counter()
                 clf.predict(q, passages, contexts)
-                latencies.append((time.perf_counter() - started) * 1000)
-            queries, passages = [p.query for p in heldout], [p.passage for p in heldout]
-            features = clf.features(queries, passages, [p.context for p in heldout])
-            logits, probs = features[:, 0], clf.calibrated(features)
-            at = calibration.precision_at(probs, labels, 0.85)
-            results.append(
-                {
-                    "variant": f"{'int8' if quantize else 'fp32'} len {length}",
-                    "p50_ms": round(percentile(latencies, 0.5), 1),
-                    "p95_ms": round(percentile(latencies, 0.95), 1),
-                    "auc": round(_auc(probs, labels) or 0.0, 4),
-                    "auc_model": round(_auc(logits, labels) or 0.0, 4),
-                    "precision@0.85": None
-                    if at["precision"] is None
-                    else round(at["precision"], 3),
-                    "recall@0.85": round(at["recall"], 3),
-                    "ece": round(calibration.expected_calibration_error(probs, labels), 4),
-                }
-            )
-            print(results[-1], flush=True)
+                latencies[name].append((time.perf_counter() - started) * 1000)
+    results = []
+    for name, clf in variants.items():
+        features = clf.features(*held)
+        logits, probs = features[:, 0], cross_fit(features)
+        at = calibration.precision_at(probs, labels, 0.85)
+        results.append(
+            {
+                "variant": name,
+                "p50_ms": round(percentile(latencies[name], 0.5), 1),
+                "p95_ms": round(percentile(latencies[name], 0.95), 1),
+                "auc": round(_auc(probs, labels) or 0.0, 4),
+                "auc_model": round(_auc(logits, labels) or 0.0, 4),
+                "precision@0.85": None if at["precision"] is None else round(at["precision"], 3),
+                "recall@0.85": round(at["recall"], 3),
+                "ece": round(calibration.expected_calibration_error(probs, labels), 4),
+            }
+        )
+        print(results[-1], flush=True)
 
     header = list(results[0])
     print("\n| " + " | ".join(header) + " |")
@@ -118,6 +166,7 @@ def main() -> int:
                 "checkpoint": str(checkpoint),
                 "passages_per_query": args.passages,
                 "queries": len(batches),
+                "repeats": args.repeats,
                 "heldout_pairs": len(heldout),
                 "results": results,
             },
