@@ -47,8 +47,10 @@ if [ "${RAGLINE_NO_OCR:-0}" != "1" ] && ! command -v tesseract >/dev/null 2>&1 \
       tesseract-ocr tesseract-ocr-eng >/dev/null; } \
     || echo "warning: tesseract-ocr not installed: scanned pages will be reported unreadable" >&2
 fi
-# Outside the stamp: var/ can be removed (make clean) while the venv stays.
-if [ "$want_vllm" = 1 ] && [ ! -f "$VLLM_MODEL_DIR/model.safetensors" ]; then
-  echo "== converting the packaged SmolLM2 GGUF for vLLM (~20 s, 260 MB)"
+# Outside the stamp: var/ can be removed (make clean) while the venv stays. Converted without
+# vLLM too: its tokenizer sizes the evidence in the model's own tokens (else a 4-characters-a-
+# token estimate) whichever backend generates.
+if [ ! -f "$VLLM_MODEL_DIR/model.safetensors" ]; then
+  echo "== converting the packaged SmolLM2 GGUF (for vLLM and the token budget; ~20 s, 260 MB)"
   "$VENV/bin/python" -m generator.convert "$VLLM_MODEL_DIR"
 fi
