@@ -246,9 +246,10 @@ class Gateway:
         paths: Sequence[str],
         documents: Sequence[tuple[str, bytes]],
         collection: str = "default",
+        replace_other_paths: bool = False,
     ) -> IngestReport:
         """Ingest server-side paths and uploaded documents into a collection; a bad one is
-        reported, not fatal."""
+        reported, not fatal. ``replace_other_paths``: see :func:`ingest.batch.run_batch`."""
         if not paths and not documents:
             raise InvalidArgument.for_field("paths", "give at least one path or document")
         collection = check_collection(collection)
@@ -265,6 +266,8 @@ class Gateway:
                 collection,
                 self.ingest_workers,
                 self.worker_memory_mib,
+                None,
+                replace_other_paths,
             )
             for name, data in documents:
                 report.results.append(

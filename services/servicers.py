@@ -40,7 +40,9 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
 
     async def Ingest(self, request, context):  # noqa: N802 (gRPC method names)
         docs = [(d.name, d.content) for d in request.documents]
-        report = await self.gateway.ingest(list(request.paths), docs, request.collection)
+        report = await self.gateway.ingest(
+            list(request.paths), docs, request.collection, request.replace_other_paths
+        )
         view = self.gateway.store.view
         self.metrics.inc("ragline_ingested_pages_total", report.pages)
         return convert.ingest_to_pb(report, view.generation, len(view.chunks))

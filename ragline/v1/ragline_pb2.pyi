@@ -17,14 +17,16 @@ class Document(_message.Message):
     def __init__(self, name: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
 
 class IngestRequest(_message.Message):
-    __slots__ = ("paths", "documents", "collection")
+    __slots__ = ("paths", "documents", "collection", "replace_other_paths")
     PATHS_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_OTHER_PATHS_FIELD_NUMBER: _ClassVar[int]
     paths: _containers.RepeatedScalarFieldContainer[str]
     documents: _containers.RepeatedCompositeFieldContainer[Document]
     collection: str
-    def __init__(self, paths: _Optional[_Iterable[str]] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., collection: _Optional[str] = ...) -> None: ...
+    replace_other_paths: bool
+    def __init__(self, paths: _Optional[_Iterable[str]] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., collection: _Optional[str] = ..., replace_other_paths: _Optional[bool] = ...) -> None: ...
 
 class IngestFileResult(_message.Message):
     __slots__ = ("source", "doc_id", "status", "reason", "pages", "chunks")

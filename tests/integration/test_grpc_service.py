@@ -120,6 +120,17 @@ async def test_ingest_reports_bad_files_and_lands_the_rest(channel, tmp_path) ->
     found = await stub.Retrieve(ragline_pb2.RetrieveRequest(query="zeta widget rpm"), timeout=30)
     assert found.hits[0].chunk.doc_id == "zeta-guide"
     assert found.index_generation == response.index_generation  # the cache key moved on
+    # a same-named file from another folder does not silently replace it...
+    other = write_pdf(tmp_path / "other" / "zeta-guide.pdf", ["The zeta gadget hums at 60 Hz."])
+    refused = await stub.Ingest(ragline_pb2.IngestRequest(paths=[str(other)]), timeout=60)
+    assert refused.results[0].status == ragline_pb2.IngestFileResult.FAILED
+    assert str(good.resolve()) in refused.results[0].reason
+    assert refused.index_generation == response.index_generation  # nothing written
+    # ...unless asked to
+    forced = await stub.Ingest(
+        ragline_pb2.IngestRequest(paths=[str(other)], replace_other_paths=True), timeout=60
+    )
+    assert forced.results[0].status == ragline_pb2.IngestFileResult.REPLACED
     removed = await stub.DeleteDocument(
         ragline_pb2.DeleteDocumentRequest(doc_id="zeta-guide"), timeout=30
     )
