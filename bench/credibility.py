@@ -23,7 +23,6 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -54,29 +53,6 @@ def heldout_halves(checkpoint: Path, n: int) -> np.ndarray:
     if not 0 < first < n:
         raise SystemExit(f"{checkpoint}/report.json does not match heldout.jsonl ({n} pairs)")
     return (np.arange(n) >= first).astype(int)
-
-
-def cross_fitted(
-    clf: PairClassifier, features: np.ndarray, labels: np.ndarray, halves: np.ndarray
-) -> Callable[[np.ndarray], np.ndarray]:
-    """Calibrators fitted on each half of ``features`` (the checkpoint's own method and
-    features); the returned function scores a pair with the one fitted on the other half."""
-    cal = clf.calibrator
-    columns = [calibration.FEATURES.index(name) for name in cal.features]
-    fits = [
-        calibration.fit(
-            features[halves == h][:, columns], labels[halves == h], cal.method, cal.features
-        )
-        for h in (0, 1)
-    ]
-
-    def score(variant: np.ndarray) -> np.ndarray:
-        out = np.empty(len(variant))
-        for h in (0, 1):
-            out[halves == h] = fits[1 - h](variant[halves == h][:, columns])
-        return out
-
-    return score
 
 
 def main() -> int:
@@ -113,7 +89,11 @@ def main() -> int:
     held = ([p.query for p in heldout], [p.passage for p in heldout], [p.context for p in heldout])
     trained = PairClassifier(checkpoint, threads=args.threads)  # the trained length, fp32
     trained.warm_up()
-    cross_fit = cross_fitted(trained, trained.features(*held), labels, halves)
+    cal = trained.calibrator
+    columns = [calibration.FEATURES.index(name) for name in cal.features]
+    cross_fit = calibration.cross_fitted(
+        trained.features(*held)[:, columns], labels, halves, cal.method, cal.features
+    )
 
     variants = {}
     for quantize in (False, True):
@@ -136,7 +116,7 @@ def main() -> int:
     results = []
     for name, clf in variants.items():
         features = clf.features(*held)
-        logits, probs = features[:, 0], cross_fit(features)
+        logits, probs = features[:, 0], cross_fit(features[:, columns])
         at = calibration.precision_at(probs, labels, 0.85)
         results.append(
             {

@@ -11,6 +11,7 @@ check the result.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -99,6 +100,32 @@ def fit(
         xs, ys = isotonic(calibrator(x), y)
         calibrator = Calibrator("isotonic", names, weights, bias, xs, ys)
     return calibrator
+
+
+def cross_fitted(
+    features: ArrayLike,
+    labels: ArrayLike,
+    halves: ArrayLike,
+    method: Method = "isotonic",
+    names: tuple[str, ...] = ("logit",),
+) -> Callable[[ArrayLike], np.ndarray]:
+    """2-fold cross-fitting: a calibrator fitted on each half (``halves``: 0 or 1 per row).
+    The returned function scores rows of a matrix aligned with ``features`` (the same pairs,
+    possibly other features of them) each with the calibrator fitted on the other half, so
+    no pair is scored by a fit that saw it."""
+    x = np.asarray(features, np.float64)
+    y = np.asarray(labels, np.float64)
+    side = np.asarray(halves)
+    fits = [fit(x[side == h], y[side == h], method, names) for h in (0, 1)]
+
+    def score(rows: ArrayLike) -> np.ndarray:
+        r = np.asarray(rows, np.float64)
+        out = np.empty(len(r))
+        for h in (0, 1):
+            out[side == h] = fits[1 - h](r[side == h])
+        return out
+
+    return score
 
 
 def _fit_logistic(

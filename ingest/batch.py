@@ -389,7 +389,8 @@ def run_batch(
             if held and held != str(path.resolve()) and Path(held).exists():
                 reason = (
                     f"document id {doc_id!r} is held by {held}, ingested earlier; this file "
-                    "would replace it: rename one of them, or pass --replace-other-paths"
+                    "would replace it: rename one of them, or pass --replace-other-paths "
+                    "(replace_other_paths in an Ingest request)"
                 )
                 report.results.append(FileResult(str(path), doc_id, "failed", reason=reason))
                 continue

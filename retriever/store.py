@@ -274,12 +274,17 @@ class IndexStore:
         return doc.content_hash if doc else None
 
     def collection_of(self, doc_id: str) -> str | None:
-        doc = self._docs.get(doc_id)
-        return doc.chunks[0].collection if doc and doc.chunks else None
+        first = self._first_chunk(doc_id)
+        return first.collection if first else None
 
     def path_of(self, doc_id: str) -> str | None:
+        first = self._first_chunk(doc_id)
+        return first.path if first else None
+
+    def _first_chunk(self, doc_id: str) -> Chunk | None:
+        """A document's first chunk: what every chunk of it shares (collection, path)."""
         doc = self._docs.get(doc_id)
-        return doc.chunks[0].path if doc and doc.chunks else None
+        return doc.chunks[0] if doc and doc.chunks else None
 
     # -- writing -----------------------------------------------------------------------------
     def put(

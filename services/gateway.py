@@ -262,12 +262,11 @@ class Gateway:
                 self.store,
                 self.chunker,
                 self.pdf_limits,
-                False,
-                collection,
-                self.ingest_workers,
-                self.worker_memory_mib,
-                None,
-                replace_other_paths,
+                progress=False,
+                collection=collection,
+                workers=self.ingest_workers,
+                memory_limit_mb=self.worker_memory_mib,
+                replace_other_paths=replace_other_paths,
             )
             for name, data in documents:
                 report.results.append(
