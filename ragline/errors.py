@@ -65,3 +65,15 @@ class DataLoss(RaglineError):
     """A snapshot on disk is corrupt or does not match its manifest."""
 
     code = "DATA_LOSS"
+
+
+class Unauthenticated(RaglineError):
+    """No credential, or one that matches no configured token."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDenied(RaglineError):
+    """A known caller without the scope (or collection) the call needs."""
+
+    code = "PERMISSION_DENIED"
