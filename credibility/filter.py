@@ -20,6 +20,7 @@ from ragline.types import Hit
 
 class EvidenceFilter(Protocol):
     name: str
+    calibrated: bool
 
     async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
         """A score per hit; hits at or above the threshold are kept.
@@ -45,6 +46,9 @@ class EvidenceFilter(Protocol):
 
 class Thresholded:
     """The threshold and per-request bounds every filter carries."""
+
+    calibrated = False
+    """Scores are calibrated probabilities, so a request's threshold (one) applies to them."""
 
     def __init__(self, threshold: float, bounds: tuple[float, float]) -> None:
         self._threshold = threshold
@@ -87,6 +91,7 @@ class ClassifierFilter(Thresholded):
     """The calibrated "contains the answer" classifier, scored off the event loop."""
 
     name = "credibility"
+    calibrated = True
 
     def __init__(
         self,

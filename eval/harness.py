@@ -30,6 +30,8 @@ class EvalOptions:
     questions: Path
     out: Path
     target: str | None = None
+    stages_target: str | None = None
+    """The internal stage services' host:port (scores candidates); default = ``target``."""
     mode: str = ""
     """sparse, dense or hybrid; empty = the server's default."""
     graph: bool = True
@@ -71,8 +73,9 @@ def _texts_as_pdfs(texts: dict[str, str], folder: Path) -> list[Path]:
 
 
 @asynccontextmanager
-async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tuple[str, dict]]:
-    """Yield ``(host:port, config)`` with the corpus ingested."""
+async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tuple[str, str, dict]]:
+    """Yield ``(public host:port, internal stages host:port, config)`` with the corpus
+    ingested."""
     if options.target:
         async with grpc.aio.insecure_channel(options.target) as channel:
             stub = ragline_pb2_grpc.RaglineStub(channel)
@@ -86,13 +89,15 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
                         ),
                         timeout=3600,
                     )
-        yield options.target, {"target": options.target}
+        stages = options.stages_target or options.target
+        yield options.target, stages, {"target": options.target}
         return
     from services.server import start_server
     from services.settings import Settings
 
     settings = Settings()
     settings.server.port = 0
+    settings.server.internal_port = 0  # candidates are scored through CredibilityService
     running = await start_server(settings, warm_generator=options.answers)
     try:
         if pdfs:  # unchanged documents are skipped by content hash
@@ -112,6 +117,7 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
                     print(f"ingest failed: {r.source}: {r.reason}", file=sys.stderr)
         yield (
             f"127.0.0.1:{running.port}",
+            f"127.0.0.1:{running.internal_port}",
             {"target": "embedded", "settings": settings.model_dump(mode="json")},
         )
     finally:
@@ -123,17 +129,18 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
     for error in loaded.errors:
         print(f"skipped {error}", file=sys.stderr)
     questions = loaded.questions[: options.limit] if options.limit else loaded.questions
+    big = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
     async with (
-        _endpoint(options, pdfs) as (address, config),
-        grpc.aio.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-        ) as channel,
+        _endpoint(options, pdfs) as (address, stages_address, config),
+        grpc.aio.insecure_channel(address, options=big) as channel,
+        grpc.aio.insecure_channel(stages_address, options=big) as stages,
     ):
         stats = await ragline_pb2_grpc.RaglineStub(channel).GetStats(
             ragline_pb2.GetStatsRequest(), timeout=30
         )
         runner = Runner(
             channel,
+            stages,
             k=options.k,
             threshold=options.threshold,
             answers=options.answers,

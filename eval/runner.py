@@ -19,6 +19,7 @@ class Runner:
     def __init__(
         self,
         channel: grpc.aio.Channel,
+        stages: grpc.aio.Channel | None = None,
         k: int = 100,
         candidates: int = 4,
         threshold: float = 0.0,
@@ -27,7 +28,8 @@ class Runner:
         mode: str = "",
     ) -> None:
         self.public = ragline_pb2_grpc.RaglineStub(channel)
-        self.credibility = stages_pb2_grpc.CredibilityServiceStub(channel)
+        # The stage services are served on the server's internal port only.
+        self.credibility = stages_pb2_grpc.CredibilityServiceStub(stages or channel)
         self.k = k
         self.candidates = candidates
         self.threshold = threshold

@@ -1,7 +1,9 @@
 """The ingest batch job: files in, chunks out to a sink, one report at the end.
 
-A bad file is reported with its reason and skipped; the rest of the batch lands. Documents go
-to the sink one at a time, so memory stays bounded by the largest single document.
+A bad file (or a path that does not exist) is reported with its reason and skipped; the rest of
+the batch lands. Documents go to the sink one at a time, so memory stays bounded by the largest
+single document. File names are reported and stored as :func:`ingest.pdf.utf8_name` renders
+them, so a name with bytes that are not UTF-8 ingests like any other.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,7 +25,7 @@ from typing import Literal, Protocol
 from tqdm import tqdm
 
 from ingest.chunker import ChunkerConfig, chunk_pages
-from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf
+from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf, utf8_name
 from ragline.errors import InvalidArgument, RaglineError
 from ragline.types import Chunk
 
@@ -66,6 +69,11 @@ class FileResult:
     tables: int = 0
     ocr_pages: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Reports are JSON and protobuf strings: neither carries a file name's raw bytes.
+        self.source, self.doc_id = utf8_name(self.source), utf8_name(self.doc_id)
+        self.reason = utf8_name(self.reason)
+
     @property
     def flagged(self) -> tuple[int, ...]:
         return tuple(sorted(self.flag_reasons))
@@ -75,6 +83,8 @@ class FileResult:
 class IngestReport:
     results: list[FileResult] = field(default_factory=list)
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    """What the caller should know that is no file's failure (a folder without PDFs)."""
 
     def count(self, status: Status) -> int:
         return sum(r.status == status for r in self.results)
@@ -107,6 +117,7 @@ class IngestReport:
             "chunks": self.chunks,
             "seconds": round(self.seconds, 3),
             "pages_per_s": round(rate, 1),
+            "warnings": list(self.warnings),
             "files": [
                 {
                     "source": r.source,
@@ -141,22 +152,32 @@ class IngestReport:
         )
 
 
-def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files as given, directories expanded to their ``*.pdf`` files (recursively, sorted).
-
-    Raises:
-        InvalidArgument: a path that does not exist.
-    """
-    files: list[Path] = []
+def expand_paths(
+    paths: Iterable[str | Path], warnings: list[str] | None = None
+) -> list[Path | FileResult]:
+    """Files as given, directories expanded to their ``*.pdf`` files (recursively, sorted), in
+    the order given. A path that does not exist (or cannot be looked at) becomes a failed
+    result in its place, so the rest of the batch still lands; a folder without PDFs adds a
+    line to ``warnings``."""
+    entries: list[Path | FileResult] = []
     for raw in paths:
-        path = Path(raw)
+        entries.extend(_expand_one(Path(raw), warnings))
+    return entries
+
+
+def _expand_one(path: Path, warnings: list[str] | None) -> list[Path | FileResult]:
+    try:
         if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if p.suffix.lower() == ".pdf"))
-        elif path.exists():
-            files.append(path)
-        else:
-            raise InvalidArgument.for_field("paths", f"{raw}: no such file or directory")
-    return files
+            found = sorted(p for p in path.rglob("*") if p.suffix.lower() == ".pdf")
+            if not found and warnings is not None:
+                warnings.append(f"{utf8_name(path)}: no PDF files in this folder")
+            return list(found)
+        if path.exists():
+            return [path]
+        reason = "no such file or directory"
+    except OSError as exc:  # a parent folder that may not be searched, say
+        reason = exc.strerror or str(exc)
+    return [FileResult(utf8_name(path), "", "failed", reason=reason)]
 
 
 def settings_key(chunker: ChunkerConfig | None, limits: PdfLimits | None) -> str:
@@ -197,6 +218,7 @@ def parse_document(
     Raises:
         InvalidArgument: bad input (see :func:`ingest.pdf.read_pdf`), or nothing to index.
     """
+    name = utf8_name(name)
     doc = read_pdf(data, name, limits, settings_key=settings_key(chunker, limits))
     chunks = chunk_pages(
         doc.doc_id,
@@ -231,7 +253,13 @@ def _store(
     progress: Callable[[int], None] | None = None,
 ) -> FileResult:
     chunks = [replace(c, path=path) for c in parsed.chunks] if path else parsed.chunks
-    sink.put(parsed.doc_id, parsed.content_hash, chunks, progress)
+    try:
+        sink.put(parsed.doc_id, parsed.content_hash, chunks, progress)
+    except Exception as exc:  # the sink rolled back: this document fails, the batch goes on
+        if not isinstance(exc, RaglineError):
+            logger.exception("writing %s to the index failed", name)
+        reason = exc.message if isinstance(exc, RaglineError) else f"{type(exc).__name__}: {exc}"
+        return FileResult(name, parsed.doc_id, "failed", reason=f"index write failed: {reason}")
     return FileResult(
         name,
         parsed.doc_id,
@@ -260,9 +288,18 @@ def ingest_one(
     chunker: ChunkerConfig | None = None,
     limits: PdfLimits | None = None,
     collection: str = "default",
+    replace_other_paths: bool = False,
 ) -> FileResult:
-    """Parse, chunk and hand one document to the sink, in this process; failures become a
-    ``failed`` result."""
+    """Parse, chunk and hand one uploaded document to the sink, in this process; failures
+    become a ``failed`` result.
+
+    A new version of an earlier upload (same name, same collection) replaces it. A document id
+    held by a document from another source (a file ingested from a path, or an upload into
+    another collection) is refused unless ``replace_other_paths``: the upload would silently
+    replace another document that happens to share its name. Two uploads of one name in one
+    request: see :func:`duplicate_uploads`.
+    """
+    name = utf8_name(name)
     doc_id = ""
     try:
         doc_id = doc_id_for(name)
@@ -270,10 +307,81 @@ def ingest_one(
         unchanged, previous = _compare(sink, doc_id, identity, collection)
         if unchanged:
             return FileResult(name, doc_id, "unchanged")  # skip parsing entirely
+        if previous is not None and not replace_other_paths:
+            refused = _held_by_other_source(sink, doc_id, collection)
+            if refused:
+                return FileResult(name, doc_id, "failed", reason=refused)
         return _store(parse_document(data, name, chunker, limits, collection), name, sink, previous)
     except RaglineError as exc:
         logger.warning("skipped %s: %s", name, exc.message)
         return FileResult(name, doc_id, "failed", reason=exc.message)
+
+
+def duplicate_uploads(
+    names: Sequence[str], earlier: Iterable[FileResult] = ()
+) -> dict[int, FileResult]:
+    """Failed results for the uploads of one request whose document id is already used in it:
+    by an earlier upload, or by a file of ``earlier`` (the request's :func:`run_batch`
+    results). Keyed by position in ``names``; the caller ingests the others with
+    :func:`ingest_one`. As within one batch, the second is refused whatever
+    ``replace_other_paths`` says: one file of the request would silently replace the other.
+    A name without a document id is left to :func:`ingest_one` to report.
+    """
+    used: dict[str, str] = {}
+    for result in earlier:
+        if result.doc_id:
+            used.setdefault(result.doc_id, result.source)
+    refused: dict[int, FileResult] = {}
+    for position, raw in enumerate(names):
+        name = utf8_name(raw)
+        try:
+            doc_id = doc_id_for(name)
+        except InvalidArgument:
+            continue
+        if doc_id in used:
+            reason = f"document id {doc_id!r} already used by {used[doc_id]} in this request"
+            refused[position] = FileResult(name, doc_id, "failed", reason=reason)
+        else:
+            used[doc_id] = name
+    return refused
+
+
+def _held_by_other_source(sink: DocumentSink, doc_id: str, collection: str) -> str | None:
+    """Why an upload may not replace document ``doc_id``, or None (an earlier upload into the
+    same collection: a new version of it)."""
+    held_path, held_collection = sink.path_of(doc_id), sink.collection_of(doc_id)
+    if not held_path and held_collection == collection:
+        return None
+    held = f"the file {held_path}" if held_path else f"an upload to collection {held_collection!r}"
+    return (
+        f"document id {doc_id!r} is held by {held}, ingested earlier; this upload would "
+        "replace it: rename the upload, or set replace_other_paths in the Ingest request"
+    )
+
+
+def _held_by_other_path(sink: DocumentSink, doc_id: str, path: Path) -> str | None:
+    """Why a file may not replace document ``doc_id``, or None: refused only when the document
+    came from another path that still exists (a moved folder replaces its documents)."""
+    held = sink.path_of(doc_id)
+    if not held or held == utf8_name(path.resolve()) or not _still_exists(held):
+        return None
+    return (
+        f"document id {doc_id!r} is held by {held}, ingested earlier; this file "
+        "would replace it: rename one of them, or pass --replace-other-paths "
+        "(replace_other_paths in an Ingest request)"
+    )
+
+
+_BYTE_ESCAPE = re.compile(rb"\\x([0-9a-f]{2})")
+
+
+def _still_exists(stored: str) -> bool:
+    """Whether a stored path (as :func:`ingest.pdf.utf8_name` renders it) still exists; one
+    with escaped non-UTF-8 bytes is looked up by those bytes."""
+    if Path(stored).exists():
+        return True
+    raw = _BYTE_ESCAPE.sub(lambda m: bytes([int(m[1], 16)]), stored.encode("utf-8"))
+    return os.path.exists(raw)
 
 
 def _limit_memory(megabytes: int) -> None:
@@ -306,7 +414,8 @@ def parse_path(
 ) -> Parsed | str:
     """The worker task: a parsed document, or the reason it failed (never raises)."""
     try:
-        return parse_document(Path(path).read_bytes(), Path(path).name, chunker, limits, collection)
+        data = Path(path).read_bytes()
+        return parse_document(data, utf8_name(Path(path).name), chunker, limits, collection)
     except RaglineError as exc:
         return exc.message
     except MemoryError:
@@ -324,9 +433,50 @@ ParseFn = Callable[[str, ChunkerConfig | None, PdfLimits | None, str], Parsed | 
 @dataclass(slots=True)
 class _Job:
     path: Path
+    source: str
+    """The path as reports and the index hold it (:func:`ingest.pdf.utf8_name`)."""
     doc_id: str
     previous: str | None
     size: int = 0
+
+
+@dataclass(slots=True)
+class _Planner:
+    """Decides for each file of a batch, before any parsing, whether it is parsed (a job) or
+    settled already (a result: unchanged, refused, unreadable)."""
+
+    sink: DocumentSink
+    key: str
+    max_bytes: int
+    collection: str
+    replace_other_paths: bool
+    seen: dict[str, str] = field(default_factory=dict)
+
+    def plan(self, path: Path) -> _Job | FileResult:
+        source = utf8_name(path)
+        try:
+            doc_id = doc_id_for(path.name)
+        except InvalidArgument as exc:
+            return FileResult(source, "", "failed", reason=exc.message)
+        if doc_id in self.seen:
+            reason = f"document id {doc_id!r} already used by {self.seen[doc_id]} in this batch"
+            return FileResult(source, doc_id, "failed", reason=reason)
+        self.seen[doc_id] = source
+        try:
+            size = path.stat().st_size
+            if size > self.max_bytes:
+                raise OSError(f"{size} bytes is over the limit of {self.max_bytes}")
+            identity = document_identity(path.read_bytes(), self.key)
+        except OSError as exc:
+            return FileResult(source, doc_id, "failed", reason=str(exc))
+        unchanged, previous = _compare(self.sink, doc_id, identity, self.collection)
+        if unchanged:
+            return FileResult(source, doc_id, "unchanged")
+        if previous is not None and not self.replace_other_paths:
+            refused = _held_by_other_path(self.sink, doc_id, path)
+            if refused:
+                return FileResult(source, doc_id, "failed", reason=refused)
+        return _Job(path, source, doc_id, previous, size)
 
 
 def run_batch(
@@ -349,7 +499,8 @@ def run_batch(
     or not at all, so a killed batch run again finishes the rest: unchanged documents are
     skipped by content hash before any parsing. A worker over ``memory_limit_mb`` fails only
     the file it was parsing. ``parse`` replaces the parsing step (a module-level function, so
-    worker processes can import it; default :func:`parse_path`).
+    worker processes can import it; default :func:`parse_path`). A path that does not exist
+    is a failed result like a bad file; a folder without PDFs is a warning in the report.
 
     A document's id is its file name's stem, so ``a/manual.pdf`` and ``b/manual.pdf`` share
     one. Within a batch the second is refused; across batches a file whose id is held by a
@@ -360,63 +511,56 @@ def run_batch(
     parse = parse or parse_path
     started = time.perf_counter()
     report = IngestReport()
-    files = expand_paths(paths)
-    limit = (limits or PdfLimits()).max_bytes
-    key = settings_key(chunker, limits)
-    seen: dict[str, Path] = {}
+    entries = expand_paths(paths, report.warnings)
+    for warning in report.warnings:  # the caller shows them (the CLI prints them)
+        logger.info("%s", warning)
+    max_bytes = (limits or PdfLimits()).max_bytes
+    planner = _Planner(
+        sink, settings_key(chunker, limits), max_bytes, collection, replace_other_paths
+    )
     jobs: list[_Job] = []
-    for path in files:
-        doc_id = doc_id_for(path.name)
-        if doc_id in seen:
-            reason = f"document id {doc_id!r} already used by {seen[doc_id]} in this batch"
-            report.results.append(FileResult(str(path), doc_id, "failed", reason=reason))
-            continue
-        seen[doc_id] = path
-        try:
-            size = path.stat().st_size
-            if size > limit:
-                raise OSError(f"{size} bytes is over the limit of {limit}")
-            identity = document_identity(path.read_bytes(), key)
-        except OSError as exc:
-            report.results.append(FileResult(str(path), doc_id, "failed", reason=str(exc)))
-            continue
-        unchanged, previous = _compare(sink, doc_id, identity, collection)
-        if unchanged:
-            report.results.append(FileResult(str(path), doc_id, "unchanged"))
-            continue
-        if previous is not None and not replace_other_paths:
-            held = sink.path_of(doc_id)
-            if held and held != str(path.resolve()) and Path(held).exists():
-                reason = (
-                    f"document id {doc_id!r} is held by {held}, ingested earlier; this file "
-                    "would replace it: rename one of them, or pass --replace-other-paths "
-                    "(replace_other_paths in an Ingest request)"
-                )
-                report.results.append(FileResult(str(path), doc_id, "failed", reason=reason))
-                continue
-        jobs.append(_Job(path, doc_id, previous, size))
+    for entry in entries:
+        planned = entry if isinstance(entry, FileResult) else planner.plan(entry)
+        if isinstance(planned, _Job):
+            jobs.append(planned)
+        else:
+            report.results.append(planned)
+    if workers <= 0:  # in this process, in file order
+        outcomes: Iterator[tuple[_Job, Parsed | str]] = (
+            (job, parse(str(job.path), chunker, limits, collection)) for job in jobs
+        )
+    else:
+        outcomes = _parse_in_workers(
+            jobs, parse, chunker, limits, collection, workers, memory_limit_mb
+        )
+    report.results += _land(outcomes, len(jobs), sink, progress)
+    order = {  # results in the order the files were given
+        e.source if isinstance(e, FileResult) else utf8_name(e): i for i, e in enumerate(entries)
+    }
+    report.results.sort(key=lambda r: order.get(r.source, len(order)))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _land(
+    outcomes: Iterator[tuple[_Job, Parsed | str]], total: int, sink: DocumentSink, progress: bool
+) -> list[FileResult]:
+    """Write each parsed document to the sink as it comes, moving the progress bar."""
+    results: list[FileResult] = []
     bar = tqdm(
-        total=len(jobs),
+        total=total,
         desc="ingest",
         unit="file",
         disable=not progress,
         # the bar moves by fractions of a file while its chunks are encoded
         bar_format="{l_bar}{bar}| {n:.1f}/{total} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
     )
-    try:
-        if workers <= 0:
-            outcomes: Iterator[tuple[_Job, Parsed | str]] = (
-                (job, parse(str(job.path), chunker, limits, collection)) for job in jobs
-            )
-        else:
-            outcomes = _parse_in_workers(
-                jobs, parse, chunker, limits, collection, workers, memory_limit_mb
-            )
+    with bar:
         for done, (job, outcome) in enumerate(outcomes, start=1):
-            bar.set_postfix_str(job.path.name)
+            bar.set_postfix_str(utf8_name(job.path.name))
             if isinstance(outcome, str):
-                logger.warning("skipped %s: %s", job.path, outcome)
-                result = FileResult(str(job.path), job.doc_id, "failed", reason=outcome)
+                logger.warning("skipped %s: %s", job.source, outcome)
+                results.append(FileResult(job.source, job.doc_id, "failed", reason=outcome))
             else:
                 # Encoding is the slow part (~5 pages/s against ~100 for parsing): the bar
                 # moves by the share of the document's chunks encoded so far, up to 0.9 of
@@ -426,18 +570,11 @@ def run_batch(
                 def encoded(n: int, share: float = share) -> None:
                     bar.update(n * share)
 
-                result = _store(
-                    outcome, str(job.path), sink, job.previous, str(job.path.resolve()), encoded
-                )
-            report.results.append(result)
+                path = utf8_name(job.path.resolve())
+                results.append(_store(outcome, job.source, sink, job.previous, path, encoded))
             bar.n = done  # a whole file again, whatever the shares added up to
             bar.refresh()
-    finally:
-        bar.close()
-    order = {str(p): i for i, p in enumerate(files)}
-    report.results.sort(key=lambda r: order.get(r.source, len(order)))
-    report.seconds = time.perf_counter() - started
-    return report
+    return results
 
 
 def _parse_in_workers(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import unicodedata
@@ -111,9 +112,32 @@ def clean_page_text(text: str) -> str:
     return _BLANK_LINES.sub("\n\n", text).strip()
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_name(name: str | os.PathLike[str]) -> str:
+    """A file name as valid UTF-8 text, for document ids, reports and gRPC strings.
+
+    Python holds a name's undecodable bytes as lone surrogates (PEP 383), which no UTF-8
+    file, JSON report or protobuf string can carry. Each becomes a visible ``\\xNN`` escape
+    of its byte (``caf\\xe9.pdf``), so two such names stay distinct; other names are
+    returned unchanged.
+    """
+    text = os.fspath(name)
+    return _SURROGATE.sub(_escape_surrogate, text)
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode carries it
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\u{code:04x}"
+
+
 def doc_id_for(name: str) -> str:
-    """The document id for a file name: its stem (``R-data.pdf`` → ``R-data``)."""
-    stem = Path(name).stem.strip()
+    """The document id for a file name: its stem (``R-data.pdf`` → ``R-data``), in
+    :func:`utf8_name`'s rendering."""
+    stem = Path(utf8_name(name)).stem.strip()
     if not stem:
         raise InvalidArgument.for_field("name", f"cannot derive a document id from {name!r}")
     return stem
@@ -132,6 +156,7 @@ def read_pdf(
         InvalidArgument: not a PDF, corrupt, encrypted, empty, over the limits, or no text.
     """
     limits = limits or PdfLimits()
+    name = utf8_name(name)
 
     def bad(description: str) -> InvalidArgument:
         return InvalidArgument.for_field("document", f"{name}: {description}")

@@ -9,7 +9,9 @@ Layout of ``index_dir``::
 
 A snapshot is written to a temporary folder, fsynced, renamed into place, and only then does
 ``CURRENT`` switch to it, so a crash at any point leaves the previous snapshot loadable. Loading
-verifies every file's sha256 against the manifest and the model ids against the configured ones.
+verifies every file's sha256 against the manifest and the model ids against the configured ones,
+and removes the temporary folders a crashed writer left behind. A write that fails (a full disk,
+text the snapshot cannot hold) leaves memory and disk as they were before it.
 
 Dense vectors live in one HNSW graph that outlives views: a new document's vectors are added
 under fresh *slots* (HNSW ids), a replaced or deleted document's slots become tombstones that
@@ -36,7 +38,7 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
-from ragline.errors import DataLoss, FailedPrecondition, NotFound
+from ragline.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
 from ragline.markdown import read_table
 from ragline.types import Chunk, SparseVector
 from retriever.dense import DenseEncoder, HnswIndex
@@ -170,6 +172,10 @@ class IndexStore:
         self._view: IndexView | None = None
         self._hnsw: HnswIndex | None = None
         self._next_slot = 0
+        self._graph_changed = False
+        """Set when a write changes the HNSW graph (in place): see :meth:`_rollback_on_error`."""
+        self._stale = False
+        """Memory may disagree with the disk (a rollback could not reread it): reload first."""
 
     # -- reading -----------------------------------------------------------------------------
     @property
@@ -185,13 +191,36 @@ class IndexStore:
             DataLoss: a snapshot file is missing or fails its checksum.
             FailedPrecondition: the snapshot was built with another SPLADE model.
         """
+        self._remove_leftovers()
         current = self.index_dir / "CURRENT"
-        self._hnsw, self._next_slot = None, 0
         if not current.exists():
-            self._docs = {}
+            self._docs, self._hnsw, self._next_slot = {}, None, 0
             self._publish(generation=0)
+            self._stale = False
             return self.view
         snap = self.index_dir / "snapshots" / current.read_text().strip()
+        docs, hnsw, next_slot, generation = self._read_snapshot(snap)
+        # Assigned together once all is read: a snapshot that fails to load changes nothing.
+        self._docs, self._hnsw, self._next_slot = docs, hnsw, next_slot
+        backfill = self.dense_encoder is not None and hnsw is None and bool(docs)
+        if backfill:
+            self._backfill_dense()
+        self._publish(generation)
+        self._stale = False
+        if backfill:  # persist the vectors, so the next start does not embed again
+            if self._writing:
+                self._commit()
+            else:
+                with self._writer():
+                    self._commit()
+        logger.info(
+            "loaded index generation %d: %d chunks", self.view.generation, len(self.view.chunks)
+        )
+        return self.view
+
+    def _read_snapshot(self, snap: Path) -> tuple[dict[str, _Doc], HnswIndex | None, int, int]:
+        """A snapshot's documents, its HNSW graph and next free slot (None, 0: dense retrieval
+        off, or embedded with another model), and its generation."""
         manifest = _read_manifest(snap)
         if manifest["model_id"] != self.encoder.model_id:
             raise FailedPrecondition(
@@ -203,55 +232,58 @@ class IndexStore:
         matrix = sp.load_npz(snap / "matrix.npz").tocsr()
         if matrix.shape[0] != len(chunks):
             raise DataLoss(f"snapshot {snap}: {matrix.shape[0]} rows for {len(chunks)} chunks")
-        slots = self._load_dense(snap, manifest, len(chunks))
-        docs: dict[str, _Doc] = {}
-        for chunk in chunks:
-            doc = docs.get(chunk.doc_id)
-            if doc is None:
-                doc = docs[chunk.doc_id] = _Doc(manifest["documents"][chunk.doc_id], [], matrix)
-            doc.chunks.append(chunk)
-        start = 0
-        for doc in docs.values():  # chunks.jsonl is grouped by document, in row order
-            end = start + len(doc.chunks)
-            doc.rows = matrix[start:end]
-            if slots is not None:
-                doc.slots = slots[start:end]
-            start = end
-        self._docs = docs
-        backfill = self.dense_encoder is not None and slots is None and bool(docs)
-        if backfill:
-            self._backfill_dense()
-        self._publish(generation=int(manifest["generation"]))
-        if backfill:  # persist the vectors, so the next start does not embed again
-            if self._writing:
-                self._commit()
-            else:
-                with self._writer():
-                    self._commit()
-        logger.info("loaded index generation %d: %d chunks", self.view.generation, len(chunks))
-        return self.view
+        hnsw, next_slot, slots = self._load_dense(snap, manifest, len(chunks))
+        docs = _group_documents(chunks, matrix, slots, manifest["documents"])
+        return docs, hnsw, next_slot, int(manifest["generation"])
 
-    def _load_dense(self, snap: Path, manifest: dict, n_chunks: int) -> np.ndarray | None:
-        """The snapshot's slots, loading its HNSW graph, when dense retrieval is on and the
-        snapshot was embedded with the configured model; else None."""
+    def _remove_leftovers(self) -> None:
+        """Remove the temporary snapshot folders and pointer files of a writer that died
+        mid-commit. Only while no writer holds the lock (tried without waiting): a live
+        writer's temporary folder is not a leftover."""
+        leftovers = [
+            *(self.index_dir / "snapshots").glob(".tmp-g*"),
+            *self.index_dir.glob(".CURRENT.tmp-*"),
+        ]
+        if not leftovers:
+            return
+        try:
+            with (self.index_dir / ".lock").open("a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return
+                for path in leftovers:
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+                logger.info("removed %d leftovers of an interrupted write", len(leftovers))
+        except OSError as exc:  # a read-only index can still be served
+            logger.warning("could not remove leftovers of an interrupted write: %s", exc)
+
+    def _load_dense(
+        self, snap: Path, manifest: dict, n_chunks: int
+    ) -> tuple[HnswIndex | None, int, np.ndarray | None]:
+        """The snapshot's HNSW graph, next free slot and slots, when dense retrieval is on and
+        the snapshot was embedded with the configured model; else ``(None, 0, None)``."""
         dense_id = manifest.get("dense_model_id")
         if self.dense_encoder is None or dense_id is None:
-            return None
+            return None, 0, None
         if dense_id != self.dense_encoder.model_id:
             logger.warning(
                 "index was embedded with %s, %s is configured: re-embedding every chunk",
                 dense_id,
                 self.dense_encoder.model_id,
             )
-            return None
+            return None, 0, None
         slots = np.load(snap / "slots.npy")
         if slots.shape[0] != n_chunks:
             raise DataLoss(f"snapshot {snap}: {slots.shape[0]} dense rows for {n_chunks} chunks")
         data = (snap / "hnsw.faiss").read_bytes()
-        self._hnsw = HnswIndex.from_bytes(data, device=self.dense_config.device)
-        self._hnsw.set_ef_search(self.dense_config.ef_search)
-        self._next_slot = int(manifest.get("next_slot", int(slots.max(initial=-1)) + 1))
-        return slots
+        hnsw = HnswIndex.from_bytes(data, device=self.dense_config.device)
+        hnsw.set_ef_search(self.dense_config.ef_search)
+        next_slot = int(manifest.get("next_slot", int(slots.max(initial=-1)) + 1))
+        return hnsw, next_slot, slots
 
     def _backfill_dense(self) -> None:
         """Embed every chunk of an index that has no (or other) dense vectors."""
@@ -262,6 +294,17 @@ class IndexStore:
             self._add_dense(
                 doc, self.dense_encoder.encode_documents([encoding_text(c) for c in doc.chunks])
             )
+
+    def refresh(self) -> bool:
+        """Load the snapshot another process (``ragline ingest``) committed since this store
+        last read or wrote the folder; True when one was loaded. Cheap when there is none: the
+        lock is taken only once ``CURRENT`` names a newer generation."""
+        known = self._view.generation if self._view else 0
+        if self._disk_generation() <= known:
+            return False
+        with self._writer():  # entering it loads the newer snapshot, under the writers' lock
+            pass
+        return self.view.generation != known
 
     def _disk_generation(self) -> int:
         current = self.index_dir / "CURRENT"
@@ -295,7 +338,12 @@ class IndexStore:
         progress: Callable[[int], None] | None = None,
     ) -> None:
         """Add or replace a document's chunks and commit a new snapshot. ``progress`` is
-        called with each slice of chunks encoded (a 2,400-page manual encodes for minutes)."""
+        called with each slice of chunks encoded (a 2,400-page manual encodes for minutes).
+
+        Raises:
+            InvalidArgument: a chunk holds text the snapshot cannot store (not valid UTF-8).
+        """
+        _check_utf8(chunks)
         texts = [encoding_text(c) for c in chunks]
         sparse: list[sp.csr_matrix] = []
         dense: list[np.ndarray] = []
@@ -335,6 +383,7 @@ class IndexStore:
         with self._writer():
             if self._hnsw is None:
                 return 0
+            self._graph_changed = True
             dropped = self._hnsw.compact()
             self._commit()
             return int(dropped)
@@ -343,6 +392,7 @@ class IndexStore:
     def _add_dense(self, doc: _Doc, vectors: np.ndarray | None) -> None:
         if vectors is None or self.dense_encoder is None:
             return
+        self._graph_changed = True
         n = len(doc.chunks)
         doc.slots = np.arange(self._next_slot, self._next_slot + n, dtype=np.int64)
         self._next_slot += n
@@ -360,6 +410,7 @@ class IndexStore:
     def _remove_dense(self, doc: _Doc) -> None:
         if doc.slots is None or self._hnsw is None:
             return
+        self._graph_changed = True
         self._hnsw.remove(doc.slots)
         if self._hnsw.tombstone_ratio > self.dense_config.compact_at:
             self._hnsw.compact()
@@ -373,12 +424,40 @@ class IndexStore:
             try:
                 # Another process (say `ragline ingest` beside a running server) may have
                 # committed since we loaded: start from its snapshot, never overwrite it.
-                if self._disk_generation() > (self._view.generation if self._view else 0):
+                disk = self._disk_generation()
+                if self._stale or disk > (self._view.generation if self._view else 0):
                     self.load()
-                yield
+                with self._rollback_on_error():
+                    yield
             finally:
                 self._writing = False
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _rollback_on_error(self) -> Iterator[None]:
+        """On any failure, put memory back as it was, so the view, the disk and the next write
+        agree (a half-applied write used to fail every later one until a restart).
+
+        Documents, the slot counter and the view are restored as they were. The HNSW graph
+        changes in place and cannot un-add a vector, so a write that changed an existing graph
+        rereads the live snapshot: it holds the same graph, as every change is committed.
+        """
+        saved = (dict(self._docs), self._hnsw, self._next_slot, self._view)
+        self._graph_changed = False
+        try:
+            yield
+        except BaseException:
+            self._docs, self._hnsw, self._next_slot, self._view = saved
+            if self._graph_changed and saved[1] is not None:
+                self._reread_after_failure()
+            raise
+
+    def _reread_after_failure(self) -> None:
+        try:
+            self.load()
+        except Exception:  # the original error is what the caller needs to see
+            logger.exception("rereading the index after a failed write failed; retried next")
+            self._stale = True
 
     def _commit(self) -> None:
         generation = (self._view.generation if self._view else 0) + 1
@@ -436,21 +515,40 @@ class IndexStore:
         return out
 
     def _write_snapshot(self, view: IndexView) -> None:
+        """Write ``view`` as a new snapshot and switch ``CURRENT`` to it.
+
+        Until the switch, a failure removes what was written, so the disk is as before; past
+        it the snapshot is live and the commit stands (see :meth:`_after_switch`).
+        """
         snapshots = self.index_dir / "snapshots"
         snapshots.mkdir(parents=True, exist_ok=True)
         name = f"g{view.generation:06d}"
-        tmp = snapshots / f".tmp-{name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        with (tmp / "chunks.jsonl").open("w", encoding="utf-8") as fh:
+        tmp, final = snapshots / f".tmp-{name}-{os.getpid()}", snapshots / name
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            self._write_files(tmp, view)
+            shutil.rmtree(final, ignore_errors=True)  # a crashed writer's, never made current
+            tmp.rename(final)
+            _fsync(snapshots)
+            self._switch_current(name)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)
+            raise
+        self._after_switch(snapshots)
+
+    def _write_files(self, folder: Path, view: IndexView) -> None:
+        """The snapshot's files and their manifest, each fsynced."""
+        with (folder / "chunks.jsonl").open("w", encoding="utf-8") as fh:
             for chunk in view.chunks:
                 fh.write(json.dumps(asdict(chunk), ensure_ascii=False) + "\n")
-        sp.save_npz(tmp / "matrix.npz", view.sparse.matrix.tocsr(), compressed=False)
+        sp.save_npz(folder / "matrix.npz", view.sparse.matrix.tocsr(), compressed=False)
         dense_id = None
         if view.dense is not None and self._hnsw is not None and self.dense_encoder is not None:
             dense_id = self.dense_encoder.model_id
-            np.save(tmp / "slots.npy", view.dense.slots)
-            (tmp / "hnsw.faiss").write_bytes(self._hnsw.to_bytes())
+            np.save(folder / "slots.npy", view.dense.slots)
+            (folder / "hnsw.faiss").write_bytes(self._hnsw.to_bytes())
         manifest = {
             "format": FORMAT_VERSION,
             "generation": view.generation,
@@ -460,24 +558,37 @@ class IndexStore:
             "created_unix": time.time(),
             "chunks": len(view.chunks),
             "documents": view.doc_hashes,
-            "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir())},
+            "files": {p.name: _sha256(p) for p in sorted(folder.iterdir())},
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        for path in tmp.iterdir():
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        for path in folder.iterdir():
             _fsync(path)
-        final = snapshots / name
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        _fsync(snapshots)
+
+    def _switch_current(self, name: str) -> None:
+        """Point ``CURRENT`` at snapshot ``name``; the atomic rename is the last step, so an
+        error means the switch did not happen."""
         pointer = self.index_dir / f".CURRENT.tmp-{os.getpid()}"
-        pointer.write_text(name + "\n")
-        _fsync(pointer)
-        pointer.replace(self.index_dir / "CURRENT")
-        _fsync(self.index_dir)
-        for old in sorted(p for p in snapshots.iterdir() if p.name.startswith("g"))[
-            :-KEEP_SNAPSHOTS
-        ]:
-            shutil.rmtree(old, ignore_errors=True)
+        try:
+            pointer.write_text(name + "\n")
+            _fsync(pointer)
+            pointer.replace(self.index_dir / "CURRENT")
+        except BaseException:
+            pointer.unlink(missing_ok=True)
+            raise
+
+    def _after_switch(self, snapshots: Path) -> None:
+        """Make the switch durable and prune old snapshots. The new snapshot is already live
+        (readers of the folder see it), so a failure here is logged rather than undone: at
+        worst a power loss brings back the previous snapshot, itself consistent."""
+        try:
+            _fsync(self.index_dir)
+            kept = sorted(p for p in snapshots.iterdir() if p.name.startswith("g"))
+            for old in kept[:-KEEP_SNAPSHOTS]:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError as exc:
+            logger.warning(
+                "snapshot committed, but syncing or pruning %s failed: %s", snapshots, exc
+            )
 
 
 def encoding_text(chunk: Chunk) -> str:
@@ -513,6 +624,49 @@ def _read_manifest(snap: Path) -> dict:
         if not path.exists() or _sha256(path) != digest:
             raise DataLoss(f"snapshot {snap}: {name} is missing or fails its checksum")
     return dict(manifest)
+
+
+def _group_documents(
+    chunks: list[Chunk], matrix: sp.csr_matrix, slots: np.ndarray | None, hashes: dict[str, str]
+) -> dict[str, _Doc]:
+    """A snapshot's rows split back into documents (chunks.jsonl is grouped by document, in
+    row order)."""
+    docs: dict[str, _Doc] = {}
+    for chunk in chunks:
+        doc = docs.get(chunk.doc_id)
+        if doc is None:
+            doc = docs[chunk.doc_id] = _Doc(hashes[chunk.doc_id], [], matrix)
+        doc.chunks.append(chunk)
+    start = 0
+    for doc in docs.values():
+        end = start + len(doc.chunks)
+        doc.rows = matrix[start:end]
+        if slots is not None:
+            doc.slots = slots[start:end]
+        start = end
+    return docs
+
+
+def _check_utf8(chunks: Sequence[Chunk]) -> None:
+    """Refuse text that chunks.jsonl (UTF-8) and gRPC strings cannot carry: a lone surrogate,
+    which is how Python holds the undecodable bytes of a file name (PEP 383)."""
+    for chunk in chunks:
+        for value in (
+            chunk.chunk_id,
+            chunk.doc_id,
+            chunk.text,
+            chunk.source,
+            chunk.path,
+            chunk.collection,
+            *chunk.title_path,
+        ):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidArgument(
+                    f"document {chunk.doc_id!r}: text that is not valid UTF-8 "
+                    f"({value[max(exc.start - 20, 0) : exc.end + 20]!r})"
+                ) from exc
 
 
 def _chunk_from_json(line: str) -> Chunk:

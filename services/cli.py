@@ -62,6 +62,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     except RaglineError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     for result in report.results:
         if result.status == "failed":
             print(f"FAILED  {result.source}: {result.reason}", file=sys.stderr)
@@ -85,16 +87,26 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.server import serve
 
-    asyncio.run(serve(_settings(args)))
+    try:
+        asyncio.run(serve(_settings(args), exit_when_stopped=True))
+    except ValueError as exc:  # a configuration that must not serve: say why, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
 def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from ragline.v1 import ragline_pb2_grpc
+    from services.client import open_channel
 
-    target = args.target or Settings().server.target
-    channel = grpc.insecure_channel(target)
+    # TLS, mTLS and the bearer token from RAGLINE_SERVER_TLS_* and RAGLINE_SERVER_TOKEN
+    channel = open_channel(Settings().server, _target(args))
     return ragline_pb2_grpc.RaglineStub(channel)
+
+
+def _target(args: argparse.Namespace) -> str:
+    """Where the client commands connect: --target, else RAGLINE_SERVER_TARGET."""
+    return str(getattr(args, "target", None) or Settings().server.target)
 
 
 def _fmt_pages(pages: Sequence[int]) -> str:
@@ -186,10 +198,36 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     from ragline.v1 import ragline_pb2
 
-    response = _stub(args).DeleteDocument(
-        ragline_pb2.DeleteDocumentRequest(doc_id=args.doc_id), timeout=args.timeout
-    )
+    request = ragline_pb2.DeleteDocumentRequest(doc_id=args.doc_id, collection=args.collection)
+    response = _stub(args).DeleteDocument(request, timeout=args.timeout)
     print(f"removed {response.chunks_removed} chunks; index generation {response.index_generation}")
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from services.auth import TokenRegistry, new_token
+
+    def split(text: str) -> list[str]:
+        return [part.strip() for part in text.split(",") if part.strip()]
+
+    try:
+        token, entry = new_token(args.name, split(args.scopes), split(args.collections))
+        if args.file:
+            path = Path(args.file)
+            existing = path.read_text(encoding="utf-8") if path.exists() else '{"tokens": []}'
+            data = json.loads(existing)
+            data["tokens"].append(entry)
+            text = json.dumps(data, indent=1)
+            TokenRegistry.from_json_text(text, f"token file {path}")  # refuse a duplicate name
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(text + "\n", encoding="utf-8")
+            tmp.replace(path)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"token (give it to {args.name}; it is shown only now):\n{token}")
+    where = f"added to {args.file}" if args.file else "add to the token file's list"
+    print(f"entry ({where}):\n{json.dumps(entry)}")
     return 0
 
 
@@ -202,6 +240,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         questions=Path(args.questions),
         out=Path(args.out),
         target=args.target,
+        stages_target=args.stages_target,
         mode=args.mode,
         graph=not args.no_graph,
         threshold=args.threshold,
@@ -391,6 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--target", help="host:port of a running server (default: embedded)")
     p.add_argument(
+        "--stages-target",
+        help="host:port of that server's internal stage services (RAGLINE_SERVER_INTERNAL_PORT),"
+        " which score the candidates (default: --target)",
+    )
+    p.add_argument(
         "--mode",
         choices=("sparse", "dense", "hybrid"),
         default="",
@@ -505,9 +549,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("delete", help="remove a document's chunks from the index")
     p.add_argument("doc_id", help="document id (the file name without .pdf)")
+    p.add_argument("--collection", default="", help="only from this collection")
     _client_args(p)
     p.set_defaults(func=cmd_delete)
+    _add_token_parser(sub)
     return parser
+
+
+def _add_token_parser(sub: Any) -> None:
+    p = sub.add_parser("token", help="create bearer tokens for a secured server")
+    tsub = p.add_subparsers(dest="token_command", required=True, metavar="SUBCOMMAND")
+    p = tsub.add_parser(
+        "create",
+        help="print a new token and the entry that grants it",
+        description="Print a new random bearer token (give it to the client once: it is not "
+        "stored) and the JSON entry for the server's token file, which holds only its sha256. "
+        'The file is {"tokens": [entry, ...]}, named by RAGLINE_SERVER_AUTH_TOKENS_FILE (or '
+        "given inline in RAGLINE_SERVER_AUTH_TOKENS). Clients send it as RAGLINE_SERVER_TOKEN.",
+    )
+    p.add_argument("--name", required=True, help="who holds it (shown in logs and errors)")
+    p.add_argument(
+        "--scopes",
+        required=True,
+        help="comma-separated: read (Retrieve, Answer, GetStats), ingest, delete, internal "
+        "(the stage services), admin (all of them)",
+    )
+    p.add_argument(
+        "--collections",
+        default="*",
+        help="comma-separated collections it may use, or * for all (default)",
+    )
+    p.add_argument("--file", help="append the entry to this token file (created if missing)")
+    p.set_defaults(func=cmd_token_create)
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
@@ -534,10 +607,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
     except grpc.RpcError as exc:
+        if _no_server(exc):
+            print(_no_server_message(args, exc), file=sys.stderr)
+            return 2
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
         for violation in _violations(exc):
             print(f"  {violation}", file=sys.stderr)
         return 2
+
+
+_CONNECT_FAILURES = (
+    "failed to connect",
+    "connection refused",
+    "dns resolution failed",
+    "errors resolving",
+)
+"""How gRPC words UNAVAILABLE when no server answered at all (a server that answers
+UNAVAILABLE itself, say with its generator down, needs no hint on starting one)."""
+
+
+def _no_server(exc: grpc.RpcError) -> bool:
+    details = (exc.details() or "").lower()
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and any(
+        failure in details for failure in _CONNECT_FAILURES
+    )
+
+
+def _no_server_message(args: argparse.Namespace, exc: grpc.RpcError) -> str:
+    """One line: where no server answered, and how to get one that does."""
+    return (
+        f"error: no ragline server answers at {_target(args)} ({exc.details()}); start one "
+        "with `ragline serve` (or `make run`), or point --target / RAGLINE_SERVER_TARGET at "
+        "a running one"
+    )
 
 
 def _violations(exc: grpc.RpcError) -> list[str]:

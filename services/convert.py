@@ -20,7 +20,9 @@ _STATUS = {
 }
 
 
-def chunk_to_pb(chunk: Chunk) -> common_pb2.Chunk:
+def chunk_to_pb(chunk: Chunk, expose_paths: bool = False) -> common_pb2.Chunk:
+    """``expose_paths``: include the server-side file path (off: it describes the server's
+    disk to every client)."""
     return common_pb2.Chunk(
         chunk_id=chunk.chunk_id,
         doc_id=chunk.doc_id,
@@ -32,7 +34,7 @@ def chunk_to_pb(chunk: Chunk) -> common_pb2.Chunk:
         kind=chunk.kind,
         collection=chunk.collection,
         quality=chunk.quality,
-        path=chunk.path,
+        path=chunk.path if expose_paths else "",
     )
 
 
@@ -52,10 +54,10 @@ def chunk_from_pb(pb: common_pb2.Chunk) -> Chunk:
     )
 
 
-def hits_to_pb(hits: Sequence[Hit]) -> list[common_pb2.Hit]:
+def hits_to_pb(hits: Sequence[Hit], expose_paths: bool = False) -> list[common_pb2.Hit]:
     return [
         common_pb2.Hit(
-            chunk=chunk_to_pb(h.chunk),
+            chunk=chunk_to_pb(h.chunk, expose_paths),
             score=h.score,
             stage_scores=h.stage_scores,
             rank=rank,
@@ -65,16 +67,17 @@ def hits_to_pb(hits: Sequence[Hit]) -> list[common_pb2.Hit]:
     ]
 
 
-def hits_from_pb(hits: Sequence[common_pb2.Hit]) -> list[Hit]:
-    return [
-        Hit(
-            chunk=chunk_from_pb(h.chunk),
-            score=h.score,
-            stage_scores=dict(h.stage_scores),
-            terms=tuple((t.term, t.weight) for t in h.terms),
-        )
-        for h in hits
-    ]
+def hits_from_pb(hits: Sequence[common_pb2.Hit], field: str = "hits") -> list[Hit]:
+    """Hits a client sent; one that is not a valid passage is INVALID_ARGUMENT."""
+    out = []
+    for index, h in enumerate(hits):
+        try:
+            chunk = chunk_from_pb(h.chunk)
+        except ValueError as exc:  # Chunk validates itself: no id, no pages, blank text
+            raise InvalidArgument.for_field(f"{field}[{index}].chunk", str(exc)) from None
+        terms = tuple((t.term, t.weight) for t in h.terms)
+        out.append(Hit(chunk=chunk, score=h.score, stage_scores=dict(h.stage_scores), terms=terms))
+    return out
 
 
 _MODES = {
@@ -125,10 +128,10 @@ def citations_to_pb(citations: Sequence[Citation]) -> list[common_pb2.Citation]:
     ]
 
 
-def retrieval_fields(result: RetrievalResult) -> dict:
+def retrieval_fields(result: RetrievalResult, expose_paths: bool = False) -> dict:
     """The fields shared by ``RetrieveResponse`` and the internal ``SearchResponse``."""
     return {
-        "hits": hits_to_pb(result.hits),
+        "hits": hits_to_pb(result.hits, expose_paths),
         "cache_hit": result.cache_hit,
         "index_generation": result.generation,
         "timings_ms": result.timings_ms,
@@ -145,10 +148,10 @@ def answer_fields(answer: Answer) -> dict:
     }
 
 
-def answer_to_pb(result: AnswerResult) -> ragline_pb2.AnswerResponse:
+def answer_to_pb(result: AnswerResult, expose_paths: bool = False) -> ragline_pb2.AnswerResponse:
     return ragline_pb2.AnswerResponse(
         **answer_fields(result.answer),
-        evidence=hits_to_pb(result.evidence),
+        evidence=hits_to_pb(result.evidence, expose_paths),
         timings_ms=result.timings_ms,
     )
 

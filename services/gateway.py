@@ -16,17 +16,27 @@ from dataclasses import dataclass, field, replace
 
 from credibility.filter import EvidenceFilter
 from generator.core import AnswerGenerator
-from ingest.batch import IngestReport, ingest_one, run_batch
+from ingest.batch import FileResult, IngestReport, duplicate_uploads, ingest_one, run_batch
 from ingest.chunker import ChunkerConfig
-from ingest.pdf import PdfLimits
-from ragline.errors import InvalidArgument, Unavailable
+from ingest.pdf import PdfLimits, doc_id_for
+from ragline.errors import InvalidArgument, NotFound, Unavailable
 from ragline.types import Answer, Hit
 from retriever.search import RetrievalResult, Retriever, SearchOptions
 from retriever.store import IndexStore
+from services.auth import Principal
+from services.paths import PathPolicy
 
 logger = logging.getLogger(__name__)
 
 _COLLECTION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _taken(source: str) -> FileResult:
+    """The result for a file whose document id belongs to a collection the caller may not
+    change: which collection is not said (it is not the caller's to know)."""
+    doc_id = doc_id_for(source)
+    reason = f"document id {doc_id!r} is taken by a document you cannot change: rename the file"
+    return FileResult(source, doc_id, "failed", reason=reason)
 
 
 def check_collection(name: str) -> str:
@@ -41,9 +51,15 @@ def check_collection(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """Bounds on every request, public or internal (see the settings of the same names)."""
+
     default_k: int
     max_k: int
     max_query_chars: int
+    max_new_tokens: int = 512
+    max_evidence: int = 20
+    max_passage_chars: int = 20000
+    threshold_bounds: tuple[float, float] = (0.5, 0.99)
 
 
 @dataclass(slots=True)
@@ -70,6 +86,7 @@ class Gateway:
         fallback_filter: EvidenceFilter | None = None,
         ingest_workers: int = 1,
         worker_memory_mib: int = 4096,
+        path_policy: PathPolicy | None = None,
     ) -> None:
         self.store = store
         self.retriever = retriever
@@ -87,7 +104,10 @@ class Gateway:
         """Parser processes for server-side paths (0: parse in the server process)."""
         self.worker_memory_mib = worker_memory_mib
         self.default_options = default_options or SearchOptions()
+        self.path_policy = path_policy or PathPolicy()
+        """Server-side paths a client may name (none by default)."""
         self._ingest_lock = asyncio.Lock()
+        self._known: tuple[int, frozenset[str]] = (-1, frozenset())
 
     # -- validation ------------------------------------------------------------------------
     def validate_query(self, query: str, k: int, default_k: int | None = None) -> tuple[str, int]:
@@ -105,6 +125,28 @@ class Gateway:
         if not 1 <= k <= self.limits.max_k:
             raise InvalidArgument.for_field("k", f"must be in [1, {self.limits.max_k}], got {k}")
         return text, k
+
+    def check_max_new_tokens(self, max_new_tokens: int) -> int:
+        """A request's ``max_new_tokens`` (0 = the generator's default), within the limit."""
+        limit = self.limits.max_new_tokens
+        if not 0 <= max_new_tokens <= limit:
+            raise InvalidArgument.for_field(
+                "max_new_tokens", f"must be in [0, {limit}] (0 = server default)"
+            )
+        return max_new_tokens
+
+    def check_evidence(self, hits: Sequence[Hit], field_name: str = "hits") -> None:
+        """Bound what an internal Generate/Score request carries: passage count and size."""
+        if len(hits) > self.limits.max_evidence:
+            raise InvalidArgument.for_field(
+                field_name, f"at most {self.limits.max_evidence} passages, got {len(hits)}"
+            )
+        for index, hit in enumerate(hits):
+            if len(hit.chunk.text) > self.limits.max_passage_chars:
+                raise InvalidArgument.for_field(
+                    f"{field_name}[{index}].chunk.text",
+                    f"is over the limit of {self.limits.max_passage_chars} characters",
+                )
 
     # -- retrieval -------------------------------------------------------------------------
     def options(self, overrides: dict | None = None) -> SearchOptions:
@@ -144,27 +186,30 @@ class Gateway:
         return result
 
     def check_threshold(self, threshold: float) -> float:
-        """The threshold a request asked for (0 = the filter's own), within the filter's bounds."""
-        if not math.isfinite(threshold) or threshold < 0:
-            raise InvalidArgument.for_field("threshold", f"must be >= 0, got {threshold}")
-        if threshold == 0:
-            return self.filter.threshold
-        lo, hi = self.filter.bounds
-        if not lo <= threshold <= hi:
+        """A request's threshold: 0 (the filter's own) or a probability within the configured
+        bounds, whichever filter runs; the same request means the same thing everywhere."""
+        lo, hi = self.limits.threshold_bounds
+        if threshold != 0 and not (math.isfinite(threshold) and lo <= threshold <= hi):
             raise InvalidArgument.for_field(
-                "threshold", f"must be in [{lo:g}, {hi:g}] for the {self.filter.name} filter"
+                "threshold", f"must be 0 (server default) or in [{lo:g}, {hi:g}], got {threshold:g}"
             )
         return threshold
 
     async def score_hits(
         self, query: str, hits: Sequence[Hit], threshold: float = 0.0
     ) -> tuple[str, list[float], float]:
-        """(filter name, score per hit, the threshold that applies to them): the request's
-        ``threshold`` (0 = the filter's own), or the fallback filter's own when the filter is
-        unavailable and a fallback is configured; otherwise :class:`Unavailable`."""
+        """(filter name, score per hit, the threshold that applies to them).
+
+        A request's ``threshold`` is a probability: it applies to a calibrated filter (the
+        classifier, local or remote); a filter that scores something else (the SPLADE score
+        floor, also as the fallback when the classifier is unavailable) keeps its own.
+        Without a fallback an unavailable filter raises :class:`Unavailable`.
+        """
         threshold = self.check_threshold(threshold)
         try:
-            return self.filter.name, await self.filter.score(query, hits), threshold
+            scores = await self.filter.score(query, hits)
+            own = not threshold or not getattr(self.filter, "calibrated", False)
+            return self.filter.name, scores, self.filter.threshold if own else threshold
         except Unavailable:
             if self.fallback_filter is None:
                 self.filter_failures += 1
@@ -204,8 +249,7 @@ class Gateway:
     ) -> AsyncIterator[str | AnswerResult]:
         """Yield text deltas, then the :class:`AnswerResult` last."""
         text, k = self.validate_query(query, k, default_k=self.evidence_k)
-        if max_new_tokens < 0:
-            raise InvalidArgument.for_field("max_new_tokens", "must be >= 0")
+        self.check_max_new_tokens(max_new_tokens)
         search_options = replace(self.options(options), explain=False)
         started = time.perf_counter()
         retrieved = await self.retriever.search(text, k, search_options)
@@ -240,6 +284,56 @@ class Gateway:
         assert result is not None
         return result
 
+    # -- internal stage calls ------------------------------------------------------------
+    async def generate(
+        self, query: str, evidence: Sequence[Hit], max_new_tokens: int = 0
+    ) -> AsyncIterator[str | Answer]:
+        """The generator stage as the internal service exposes it, under the public bounds."""
+        text, _ = self.validate_query(query, 1)
+        self.check_evidence(evidence, "evidence")
+        self.check_max_new_tokens(max_new_tokens)
+        async for item in self.generator.stream(text, evidence, max_new_tokens):
+            yield item
+
+    async def score_request(
+        self, query: str, hits: Sequence[Hit], threshold: float = 0.0
+    ) -> tuple[str, list[float], float]:
+        """The evidence filter as the internal service exposes it, under the public bounds."""
+        text, _ = self.validate_query(query, 1)
+        self.check_evidence(hits)
+        return await self.score_hits(text, hits, threshold)
+
+    # -- collections a caller may see -------------------------------------------------------
+    def scope_options(self, options: dict | None, principal: Principal | None) -> dict | None:
+        """Limit a request's search to the collections its caller may read.
+
+        A collection or document outside them is NOT_FOUND with the very message an unknown
+        one gets, so a caller cannot learn what other collections hold.
+        """
+        if principal is None or principal.collections is None:
+            return options
+        out = dict(options or {})
+        requested = tuple(out.get("collections", ()))
+        # "All mine": those that hold documents (a granted collection nobody ingested into
+        # yet is not an error); when none does, all of them, so the caller learns that.
+        mine = tuple(sorted(principal.collections & self._collections()))
+        out["collections"] = principal.visible_collections(requested or mine)
+        other = sorted(
+            d
+            for d in out.get("doc_ids", ())
+            if self.store.collection_of(d) not in principal.collections
+        )
+        if other:
+            raise NotFound(f"no document with id(s) {other}")
+        return out
+
+    def _collections(self) -> frozenset[str]:
+        """The collections that hold documents, computed once per index generation."""
+        view = self.store.view
+        if self._known[0] != view.generation:
+            self._known = (view.generation, frozenset(view.collections.tolist()))
+        return self._known[1]
+
     # -- index management ------------------------------------------------------------------
     async def ingest(
         self,
@@ -247,44 +341,104 @@ class Gateway:
         documents: Sequence[tuple[str, bytes]],
         collection: str = "default",
         replace_other_paths: bool = False,
+        allowed: frozenset[str] | None = None,
     ) -> IngestReport:
-        """Ingest server-side paths and uploaded documents into a collection; a bad one is
-        reported, not fatal. ``replace_other_paths``: see :func:`ingest.batch.run_batch`."""
+        """Ingest server-side paths (only under the configured roots) and uploaded documents
+        into a collection; a bad one is reported, not fatal. ``replace_other_paths``: see
+        :func:`ingest.batch.run_batch`; it applies to uploads as well. ``allowed``: the
+        collections the caller may change (None: all); a file whose document id belongs to
+        another collection is FAILED, whatever ``replace_other_paths`` says."""
         if not paths and not documents:
             raise InvalidArgument.for_field("paths", "give at least one path or document")
         collection = check_collection(collection)
+        files = self.path_policy.files(paths)
+        if paths and not files:
+            raise InvalidArgument.for_field("paths", "no PDF files under the paths given")
         started = time.perf_counter()
         async with self._ingest_lock:
-            # Server-side paths go through the batch job itself (size limit, duplicate ids).
-            report = await asyncio.to_thread(
-                run_batch,
-                list(paths),
-                self.store,
-                self.chunker,
-                self.pdf_limits,
-                progress=False,
-                collection=collection,
-                workers=self.ingest_workers,
-                memory_limit_mb=self.worker_memory_mib,
-                replace_other_paths=replace_other_paths,
-            )
-            for name, data in documents:
-                report.results.append(
-                    await asyncio.to_thread(
-                        ingest_one,
-                        data,
-                        name,
-                        self.store,
-                        self.chunker,
-                        self.pdf_limits,
-                        collection,
-                    )
+            report = IngestReport()
+            foreign = [f for f in files if self._foreign(f.name, allowed)]
+            files = [f for f in files if f not in foreign]
+            if files:  # the batch job itself: size limit, duplicate ids, same-name guard
+                report = await asyncio.to_thread(
+                    run_batch,
+                    [str(f) for f in files],
+                    self.store,
+                    self.chunker,
+                    self.pdf_limits,
+                    progress=False,
+                    collection=collection,
+                    workers=self.ingest_workers,
+                    memory_limit_mb=self.worker_memory_mib,
+                    replace_other_paths=replace_other_paths,
                 )
+            report.results[:0] = [_taken(str(f)) for f in foreign]
+            report.results += await self._ingest_uploads(
+                documents, collection, replace_other_paths, report.results, allowed
+            )
         report.seconds = time.perf_counter() - started
         return report
 
-    async def delete_document(self, doc_id: str) -> int:
+    async def _ingest_uploads(
+        self,
+        documents: Sequence[tuple[str, bytes]],
+        collection: str,
+        replace: bool,
+        earlier: Sequence[FileResult],
+        allowed: frozenset[str] | None,
+    ) -> list[FileResult]:
+        """Uploads through the same-name guard as paths: a name taken earlier in this request,
+        or by a document from another source, is FAILED (the latter unless ``replace``)."""
+        refused = duplicate_uploads([name for name, _ in documents], earlier)
+        for index, (name, _) in enumerate(documents):
+            if index not in refused and self._foreign(name, allowed):
+                refused[index] = _taken(name)
+        results = []
+        for index, (name, data) in enumerate(documents):
+            if index in refused:
+                results.append(refused[index])
+                continue
+            result = await asyncio.to_thread(
+                ingest_one,
+                data,
+                name,
+                self.store,
+                self.chunker,
+                self.pdf_limits,
+                collection,
+                replace,
+            )
+            results.append(result)
+        return results
+
+    def _foreign(self, name: str, allowed: frozenset[str] | None) -> bool:
+        """Whether a file of this name would replace a document the caller may not change."""
+        if allowed is None:
+            return False
+        try:
+            held_by = self.store.collection_of(doc_id_for(name))
+        except InvalidArgument:  # no usable id: the batch job reports it
+            return False
+        return held_by is not None and held_by not in allowed
+
+    def collection_of(self, doc_id: str) -> str | None:
+        """The collection a document is in (None: no such document)."""
+        return self.store.collection_of(doc_id)
+
+    async def delete_document(self, doc_id: str, collection: str = "") -> int:
+        """Remove a document; with ``collection`` set, only from that collection (a document
+        of another collection is NOT_FOUND, as an unknown one)."""
         if not doc_id.strip():
             raise InvalidArgument.for_field("doc_id", "must not be empty")
         async with self._ingest_lock:
+            if collection and self.store.collection_of(doc_id) != collection:
+                raise NotFound(f"no document with id {doc_id!r}")
             return await asyncio.to_thread(self.store.delete, doc_id)
+
+    async def refresh_index(self) -> bool:
+        """Load a newer generation another process (``ragline ingest``) committed to the
+        index folder; True when one was loaded. Writers never wait on it."""
+        if self._ingest_lock.locked():
+            return False
+        async with self._ingest_lock:
+            return await asyncio.to_thread(self.store.refresh)

@@ -1,5 +1,7 @@
-"""One server interceptor: domain errors → gRPC status with details, metrics, request log,
-and a bound on in-flight RPCs (overload → RESOURCE_EXHAUSTED, not unbounded latency)."""
+"""One server interceptor: authentication and scopes, domain errors → gRPC status with
+details (never Python exception text), metrics, request log, and bounds on in-flight RPCs
+(overload → RESOURCE_EXHAUSTED, not unbounded latency): answers have their own bound, so slow
+generations never lock retrieval out."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -17,11 +20,29 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ragline.errors import RaglineError, ResourceExhausted
+from services.auth import Principal, TokenRegistry, authorization_from_metadata
 from services.metrics import Metrics
 
 logger = logging.getLogger("ragline.requests")
 
 OWN_PREFIX = "/ragline.v1."
+ANSWER_METHODS = frozenset(
+    {
+        "/ragline.v1.Ragline/Answer",
+        "/ragline.v1.Ragline/AnswerStream",
+        "/ragline.v1.GeneratorService/Generate",
+        "/ragline.v1.GeneratorService/GenerateStream",
+    }
+)
+"""RPCs that hold the generator: admitted against their own in-flight bound."""
+
+current_principal: ContextVar[Principal | None] = ContextVar("current_principal", default=None)
+"""Who the RPC being handled acts for (None: authentication is off)."""
+
+
+def method_group(method: str) -> str:
+    """The admission group of an RPC: ``answer`` or ``default``."""
+    return "answer" if method in ANSWER_METHODS else "default"
 
 
 def to_status(exc: RaglineError) -> grpc.Status:
@@ -51,10 +72,19 @@ def to_status(exc: RaglineError) -> grpc.Status:
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, metrics: Metrics, max_in_flight: int) -> None:
+    """Args:
+    metrics: where handled counts and latencies go.
+    limits: in-flight RPCs at most per admission group (:func:`method_group`).
+    tokens: the token registry; None = no authentication (loopback, local use).
+    """
+
+    def __init__(
+        self, metrics: Metrics, limits: Mapping[str, int], tokens: TokenRegistry | None = None
+    ) -> None:
         self.metrics = metrics
-        self.max_in_flight = max_in_flight
-        self.in_flight = 0
+        self.limits = dict(limits)
+        self.in_flight = dict.fromkeys(self.limits, 0)
+        self.tokens = tokens
 
     async def intercept_service(
         self,
@@ -100,18 +130,32 @@ class _Call:
         self.context = context
         self.code = grpc.StatusCode.OK
         self.started = 0.0
-        metadata = dict(context.invocation_metadata() or ())
-        self.request_id = str(metadata.get("x-request-id") or uuid.uuid4().hex)
+        self.group = method_group(method)
+        self.metadata = tuple(context.invocation_metadata() or ())
+        request_id = dict(self.metadata).get("x-request-id")
+        # A client's id is echoed into logs: bounded and printable, else ours.
+        ok = isinstance(request_id, str) and request_id.isprintable() and len(request_id) <= 64
+        self.request_id = request_id if ok else uuid.uuid4().hex
 
     async def __aenter__(self) -> _Call:
         self.started = time.perf_counter()
-        self.owner.in_flight += 1
-        if self.owner.in_flight > self.owner.max_in_flight:
-            self.owner.in_flight -= 1
+        owner = self.owner
+        if owner.tokens is not None:
+            try:
+                current_principal.set(
+                    owner.tokens.authorize(self.method, authorization_from_metadata(self.metadata))
+                )
+            except RaglineError as exc:
+                self.started = -1.0
+                await self._abort(exc)
+        owner.in_flight[self.group] += 1
+        if owner.in_flight[self.group] > owner.limits[self.group]:
+            owner.in_flight[self.group] -= 1
             self.started = -1.0
+            what = "answers" if self.group == "answer" else "requests"
             await self._abort(
                 ResourceExhausted(
-                    f"server busy: {self.owner.max_in_flight} requests in flight",
+                    f"server busy: {owner.limits[self.group]} {what} in flight",
                     retry_after_s=0.5,
                 )
             )
@@ -119,7 +163,7 @@ class _Call:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         if self.started >= 0:
-            self.owner.in_flight -= 1
+            self.owner.in_flight[self.group] -= 1
         if isinstance(exc, RaglineError):
             await self._abort(exc)  # raises grpc's AbortError, which ends the RPC
         if isinstance(exc, asyncio.CancelledError):
@@ -128,8 +172,9 @@ class _Call:
             code = self.context.code()
             self.code = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
         elif isinstance(exc, Exception) and not isinstance(exc, grpc.aio.AbortError):
-            logger.exception("unhandled error in %s", self.method)
-            self.code = grpc.StatusCode.INTERNAL
+            # The caller gets a request id to quote, never the exception's text.
+            logger.exception("unhandled error in %s (request %s)", self.method, self.request_id)
+            await self._abort(RaglineError(f"internal error (request id {self.request_id})"))
         self._record()
         return False
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -22,6 +22,7 @@ class RemoteFilter(Thresholded):
     """
 
     name = "credibility"
+    calibrated = True
 
     def __init__(
         self,
@@ -29,10 +30,14 @@ class RemoteFilter(Thresholded):
         timeout_s: float,
         threshold: float,
         bounds: tuple[float, float] = (0.0, math.inf),
+        channel: Callable[[str], grpc.aio.Channel] | None = None,
     ) -> None:
         super().__init__(threshold, bounds)
         self.address = address
         self.timeout_s = timeout_s
+        self._open = channel or grpc.aio.insecure_channel
+        """Opens the channel: TLS, mTLS and the bearer token as configured
+        (``services.client.open_channel``)."""
         self._channel: grpc.aio.Channel | None = None
         self._stub: stages_pb2_grpc.CredibilityServiceStub | None = None
 
@@ -47,7 +52,7 @@ class RemoteFilter(Thresholded):
         if not hits:
             return []
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address)
+            self._channel = self._open(self.address)
             self._stub = stages_pb2_grpc.CredibilityServiceStub(self._channel)
         request = stages_pb2.ScoreRequest(query=query, hits=convert.hits_to_pb(hits))
         try:

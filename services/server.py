@@ -1,17 +1,24 @@
-"""``ragline serve``: every service in one grpc.aio process on one port.
+"""``ragline serve``: every service in one grpc.aio process.
 
-Start-up order follows the light-``__init__``/heavy-``warm_up`` rule: the port opens with
-health NOT_SERVING, models and the index load, then health turns SERVING. SIGTERM/SIGINT
-flip health to NOT_SERVING and stop with a grace period.
+The public API (``Ragline``) is served on the public port; the internal stage services only
+on their own port (``RAGLINE_SERVER_INTERNAL_PORT``), never beside the public API. Start-up
+order follows the light-``__init__``/heavy-``warm_up`` rule: the configuration (tokens, TLS
+files, the bind address) is checked first, the ports open with health NOT_SERVING, models and
+the index load, then health turns SERVING. SIGTERM/SIGINT flip health to NOT_SERVING and stop
+with a grace period, whatever is still running.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import logging
+import os
 import signal
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -27,25 +34,29 @@ from retriever.dense import DenseEncoder
 from retriever.search import Retriever, SearchOptions
 from retriever.splade import SpladeEncoder
 from retriever.store import DenseConfig, IndexStore
+from services.auth import TokenRegistry
 from services.gateway import Gateway, Limits
 from services.interceptors import ServerInterceptor
 from services.metrics import Metrics
+from services.paths import PathPolicy
 from services.servicers import (
     CredibilityServicer,
     GeneratorServicer,
     RaglineServicer,
     RetrieverServicer,
 )
-from services.settings import Settings
+from services.settings import ServerSettings, Settings
+from services.tls import server_credentials
 
 logger = logging.getLogger(__name__)
 
-SERVICE_NAMES = (
-    ragline_pb2.DESCRIPTOR.services_by_name["Ragline"].full_name,
+PUBLIC_SERVICES = (ragline_pb2.DESCRIPTOR.services_by_name["Ragline"].full_name,)
+INTERNAL_SERVICES = (
     stages_pb2.DESCRIPTOR.services_by_name["RetrieverService"].full_name,
     stages_pb2.DESCRIPTOR.services_by_name["CredibilityService"].full_name,
     stages_pb2.DESCRIPTOR.services_by_name["GeneratorService"].full_name,
 )
+MIB = 1024 * 1024
 
 
 def build_store(settings: Settings) -> IndexStore:
@@ -123,9 +134,13 @@ def build_filter(settings: Settings) -> EvidenceFilter:
     c = settings.credibility
     bounds = (c.min_threshold, c.max_threshold)
     if c.address:
+        from services.client import open_channel
         from services.remote import RemoteFilter
 
-        return RemoteFilter(c.address, c.timeout_s, c.threshold, bounds)
+        def channel(target: str) -> grpc.aio.Channel:  # TLS, mTLS and token as configured
+            return open_channel(settings.server, target, aio=True)
+
+        return RemoteFilter(c.address, c.timeout_s, c.threshold, bounds, channel)
     if c.backend == "score_floor":
         return ScoreFloorFilter(c.score_floor)
     if c.backend == "auto" and not is_checkpoint(c.model_dir):
@@ -185,12 +200,24 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
             else None
         ),
         generator=generator,
-        limits=Limits(default_k=r.default_k, max_k=r.max_k, max_query_chars=r.max_query_chars),
+        limits=Limits(
+            default_k=r.default_k,
+            max_k=r.max_k,
+            max_query_chars=r.max_query_chars,
+            max_new_tokens=g.max_new_tokens_limit,
+            max_evidence=g.max_evidence,
+            max_passage_chars=g.max_passage_chars,
+            threshold_bounds=(
+                settings.credibility.min_threshold,
+                settings.credibility.max_threshold,
+            ),
+        ),
         evidence_k=g.evidence_k,
         chunker=i.chunker(settings.retriever.splade_model),
         pdf_limits=i.pdf_limits(),
         ingest_workers=i.workers,
         worker_memory_mib=i.worker_memory_mib,
+        path_policy=PathPolicy.from_setting(i.path_roots),
     )
 
 
@@ -206,6 +233,107 @@ def warm_up(gateway: Gateway, generator: bool = True) -> None:
         gateway.generator.warm_up()
 
 
+def load_tokens(server: ServerSettings) -> TokenRegistry | None:
+    """The configured bearer tokens (file and inline), or None when none are configured.
+
+    Raises:
+        ValueError: a token file or inline JSON that cannot be read or parsed.
+    """
+    registries = []
+    if server.auth_tokens_file is not None:
+        registries.append(TokenRegistry.from_file(server.auth_tokens_file))
+    if server.auth_tokens.strip():
+        registries.append(
+            TokenRegistry.from_json_text(server.auth_tokens, "RAGLINE_SERVER_AUTH_TOKENS")
+        )
+    if not registries:
+        return None
+    tokens = TokenRegistry.merge(*registries)
+    if not len(tokens):
+        raise ValueError("token configuration holds no tokens: every call would be refused")
+    return tokens
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name, or 0.0.0.0 / :: (every interface)
+
+
+def check_exposure(server: ServerSettings, tokens: TokenRegistry | None) -> None:
+    """Refuse to serve without tokens where others can reach the port (unless told to).
+
+    Raises:
+        ValueError: a non-loopback bind (public or internal port) and no tokens.
+    """
+    hosts = [server.host] + ([server.internal_host] if server.internal_port is not None else [])
+    exposed = [h for h in hosts if not is_loopback(h)]
+    if exposed and tokens is None and not server.allow_unauthenticated:
+        raise ValueError(
+            f"refusing to serve on {', '.join(exposed)} without authentication: anyone who "
+            "reaches the port could read and change the index. Configure tokens "
+            "(RAGLINE_SERVER_AUTH_TOKENS_FILE, see `ragline token create`), bind 127.0.0.1, "
+            "or set RAGLINE_SERVER_ALLOW_UNAUTHENTICATED=true"
+        )
+
+
+def _add_port(
+    server: grpc.aio.Server, address: str, settings: ServerSettings, internal: bool
+) -> int:
+    """Bind ``address``: TLS when a certificate is configured, and on the internal port
+    mutual TLS when a client CA is (clients of the public port are apps, not services)."""
+    if settings.tls_cert_file is None and settings.tls_key_file is None:
+        return server.add_insecure_port(address)
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        raise ValueError("TLS: set both RAGLINE_SERVER_TLS_CERT_FILE and TLS_KEY_FILE")
+    client_ca = settings.tls_client_ca_file if internal else None
+    credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file, client_ca)
+    return server.add_secure_port(address, credentials)
+
+
+@dataclass
+class _Port:
+    """One grpc.aio server (public or internal) with its health service."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    services: tuple[str, ...]
+
+    async def set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse
+        for name in ("", *self.services):
+            await self.health.set(name, status.SERVING if serving else status.NOT_SERVING)
+
+
+def _open_port(
+    settings: ServerSettings,
+    interceptor: ServerInterceptor,
+    address: str,
+    max_message_mib: int,
+    services: tuple[str, ...],
+    add: list,
+) -> _Port:
+    server = grpc.aio.server(
+        interceptors=[interceptor],
+        options=[
+            ("grpc.max_receive_message_length", max_message_mib * MIB),
+            ("grpc.max_send_message_length", max_message_mib * MIB),
+        ],
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for register in add:
+        register(server)
+    reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
+    port = _add_port(server, address, settings, internal=services == INTERNAL_SERVICES)
+    return _Port(server, port, health_servicer, services)
+
+
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
@@ -213,10 +341,23 @@ class RunningServer:
     gateway: Gateway
     health: health.aio.HealthServicer
     metrics: Metrics
+    internal: _Port | None = None
+    """The internal stage services' port, when configured."""
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    @property
+    def internal_port(self) -> int | None:
+        return self.internal.port if self.internal else None
 
     async def stop(self, grace: float | None = None) -> None:
+        for task in self.tasks:
+            task.cancel()
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        stops = [self.server.stop(grace)]
+        if self.internal is not None:
+            await self.internal.health.enter_graceful_shutdown()
+            stops.append(self.internal.server.stop(grace))
+        await asyncio.gather(*stops)
         cache = self.gateway.retriever.cache
         if cache is not None:
             await cache.close()
@@ -230,20 +371,8 @@ class RunningServer:
             close()
 
 
-async def start_server(
-    settings: Settings, gateway: Gateway | None = None, warm_generator: bool = True
-) -> RunningServer:
-    """Bind, warm up, then report SERVING. Returns once ready. ``warm_generator=False``: the
-    generator loads on the first Answer instead (retrieval-only runs)."""
-    gateway = gateway or build_gateway(settings)
-    metrics = Metrics()
-    server = grpc.aio.server(
-        interceptors=[ServerInterceptor(metrics, settings.server.max_concurrent_rpcs)],
-        options=[("grpc.max_receive_message_length", 256 * 1024 * 1024)],
-    )
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    models = {
+def _models(gateway: Gateway) -> dict[str, str]:
+    return {
         "splade": gateway.store.encoder.model_id,
         "dense": gateway.store.dense_encoder.model_id if gateway.store.dense_encoder else "",
         "sparse_backend": gateway.store.sparse_backend,
@@ -251,46 +380,128 @@ async def start_server(
         "evidence_filter": gateway.filter.name,
         "credibility": gateway.filter.model_id,
     }
-    ragline_pb2_grpc.add_RaglineServicer_to_server(
-        RaglineServicer(gateway, metrics, models), server
+
+
+def _open_ports(
+    settings: Settings, gateway: Gateway, metrics: Metrics, tokens: TokenRegistry | None
+) -> tuple[_Port, _Port | None]:
+    s = settings.server
+    interceptor = ServerInterceptor(
+        metrics,
+        {"default": s.max_concurrent_rpcs, "answer": s.max_concurrent_answers},
+        tokens,
     )
-    stages_pb2_grpc.add_RetrieverServiceServicer_to_server(RetrieverServicer(gateway), server)
-    stages_pb2_grpc.add_CredibilityServiceServicer_to_server(CredibilityServicer(gateway), server)
-    stages_pb2_grpc.add_GeneratorServiceServicer_to_server(GeneratorServicer(gateway), server)
-    reflection.enable_server_reflection((*SERVICE_NAMES, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(f"{settings.server.host}:{settings.server.port}")
-    await server.start()
-    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-    for name in ("", *SERVICE_NAMES):
-        await health_servicer.set(name, not_serving)
+    servicer = RaglineServicer(gateway, metrics, _models(gateway), s.expose_paths)
+    public = _open_port(
+        s,
+        interceptor,
+        f"{s.host}:{s.port}",
+        s.max_message_mib,
+        PUBLIC_SERVICES,
+        [lambda srv: ragline_pb2_grpc.add_RaglineServicer_to_server(servicer, srv)],
+    )
+    if s.internal_port is None:
+        return public, None
+    internal = _open_port(
+        s,
+        interceptor,
+        f"{s.internal_host}:{s.internal_port}",
+        s.internal_max_message_mib,
+        INTERNAL_SERVICES,
+        [
+            lambda srv: stages_pb2_grpc.add_RetrieverServiceServicer_to_server(
+                RetrieverServicer(gateway), srv
+            ),
+            lambda srv: stages_pb2_grpc.add_CredibilityServiceServicer_to_server(
+                CredibilityServicer(gateway), srv
+            ),
+            lambda srv: stages_pb2_grpc.add_GeneratorServiceServicer_to_server(
+                GeneratorServicer(gateway), srv
+            ),
+        ],
+    )
+    return public, internal
+
+
+async def _reload_loop(gateway: Gateway, interval_s: float) -> None:
+    """Pick up generations another process (``ragline ingest``) commits to the index."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            if await gateway.refresh_index():
+                logger.info("loaded index generation %d from disk", gateway.store.view.generation)
+        except Exception:  # a bad snapshot on disk must not stop the server serving the last
+            logger.exception("could not load the index written by another process")
+
+
+async def start_server(
+    settings: Settings, gateway: Gateway | None = None, warm_generator: bool = True
+) -> RunningServer:
+    """Check the configuration, bind, warm up, then report SERVING. Returns once ready.
+    ``warm_generator=False``: the generator loads on the first Answer instead (retrieval-only
+    runs).
+
+    Raises:
+        ValueError: a configuration that must not serve (see :func:`check_exposure`), or
+            unreadable tokens or TLS files.
+    """
+    tokens = load_tokens(settings.server)
+    check_exposure(settings.server, tokens)
+    gateway = gateway or build_gateway(settings)
+    metrics = Metrics()
+    public, internal = _open_ports(settings, gateway, metrics, tokens)
+    ports = [public] + ([internal] if internal else [])
+    for port in ports:
+        await port.server.start()
+        await port.set_health(False)
     started = time.perf_counter()
     try:
         await asyncio.to_thread(warm_up, gateway, warm_generator)
     except BaseException:
-        await server.stop(None)
+        for port in ports:
+            await port.server.stop(None)
         raise
-    for name in ("", *SERVICE_NAMES):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    for port in ports:
+        await port.set_health(True)
+    running = RunningServer(public.server, public.port, gateway, public.health, metrics, internal)
+    if settings.server.reload_interval_s > 0:
+        running.tasks.append(
+            asyncio.create_task(_reload_loop(gateway, settings.server.reload_interval_s))
+        )
     view = gateway.store.view
     logger.info(
-        "serving on %s:%d (warm-up %.1f s, index generation %d, %d chunks)",
+        "serving on %s:%d%s (warm-up %.1f s, index generation %d, %d chunks)",
         settings.server.host,
-        port,
+        public.port,
+        f", internal stages on {settings.server.internal_host}:{internal.port}" if internal else "",
         time.perf_counter() - started,
         view.generation,
         len(view.chunks),
     )
-    return RunningServer(server, port, gateway, health_servicer, metrics)
+    return running
 
 
-async def serve(settings: Settings) -> None:
-    """Run until SIGTERM/SIGINT, then shut down gracefully."""
+async def serve(settings: Settings, exit_when_stopped: bool = False) -> None:
+    """Run until SIGTERM/SIGINT, then shut down within the grace period.
+
+    ``exit_when_stopped``: end the process right after the servers stopped, instead of waiting
+    for worker threads (an ingest, a long model call) that the stop cancelled but cannot
+    interrupt: snapshots are committed atomically, so nothing half-written is left.
+    """
     running = await start_server(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"ragline serving on {settings.server.host}:{running.port}", flush=True)
+    internal = f", internal {running.internal_port}" if running.internal else ""
+    print(f"ragline serving on {settings.server.host}:{running.port}{internal}", flush=True)
     await stop.wait()
-    logger.info("shutting down (grace %.1f s)", settings.server.grace_s)
-    await running.stop(settings.server.grace_s)
+    grace = settings.server.grace_s
+    logger.info("shutting down (grace %.1f s)", grace)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(running.stop(grace), grace + 2.0)
+    if exit_when_stopped:
+        logger.info("stopped")
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)

@@ -14,6 +14,7 @@ from ragline.types import Answer as DomainAnswer
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from services import convert
 from services.gateway import AnswerResult, Gateway
+from services.interceptors import current_principal
 from services.metrics import Metrics
 
 T = TypeVar("T")
@@ -30,32 +31,51 @@ async def within_deadline(context: grpc.aio.ServicerContext, work: Awaitable[T])
         raise DeadlineExceeded("deadline passed before the request completed") from exc
 
 
+def _scoped(gateway: Gateway, options: dict) -> dict | None:
+    """A request's search options limited to the collections its token may read."""
+    return gateway.scope_options(options, current_principal.get())
+
+
 class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
     """The public API."""
 
-    def __init__(self, gateway: Gateway, metrics: Metrics, models: dict[str, str]) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        metrics: Metrics,
+        models: dict[str, str],
+        expose_paths: bool = False,
+    ) -> None:
         self.gateway = gateway
         self.metrics = metrics
         self.models = models
+        self.expose_paths = expose_paths
 
     async def Ingest(self, request, context):  # noqa: N802 (gRPC method names)
+        principal = current_principal.get()
+        if principal is not None:
+            principal.require_ingest(request.collection)
         docs = [(d.name, d.content) for d in request.documents]
         report = await self.gateway.ingest(
-            list(request.paths), docs, request.collection, request.replace_other_paths
+            list(request.paths),
+            docs,
+            request.collection,
+            request.replace_other_paths,
+            principal.collections if principal else None,
         )
         view = self.gateway.store.view
         self.metrics.inc("ragline_ingested_pages_total", report.pages)
         return convert.ingest_to_pb(report, view.generation, len(view.chunks))
 
     async def Retrieve(self, request, context):  # noqa: N802
-        options = convert.options_from_pb(request.options)
+        options = _scoped(self.gateway, convert.options_from_pb(request.options))
         result = await within_deadline(
             context,
             self.gateway.retrieve(
                 request.query, request.k, request.bypass_cache, options, request.score_evidence
             ),
         )
-        return ragline_pb2.RetrieveResponse(**convert.retrieval_fields(result))
+        return ragline_pb2.RetrieveResponse(**convert.retrieval_fields(result, self.expose_paths))
 
     async def Answer(self, request, context):  # noqa: N802
         result = await within_deadline(
@@ -65,11 +85,11 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
                 request.k,
                 request.max_new_tokens,
                 request.threshold,
-                convert.options_from_pb(request.options),
+                _scoped(self.gateway, convert.options_from_pb(request.options)),
             ),
         )
         self._count(result.answer)
-        return convert.answer_to_pb(result)
+        return convert.answer_to_pb(result, self.expose_paths)
 
     async def AnswerStream(self, request, context):  # noqa: N802
         # Cancellation (client gone, deadline) cancels this task; the backend's stream stops
@@ -79,16 +99,22 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
             request.k,
             request.max_new_tokens,
             request.threshold,
-            convert.options_from_pb(request.options),
+            _scoped(self.gateway, convert.options_from_pb(request.options)),
         ):
             if isinstance(item, AnswerResult):
                 self._count(item.answer)
-                yield ragline_pb2.AnswerStreamResponse(final=convert.answer_to_pb(item))
+                final = convert.answer_to_pb(item, self.expose_paths)
+                yield ragline_pb2.AnswerStreamResponse(final=final)
             else:
                 yield ragline_pb2.AnswerStreamResponse(delta=item)
 
     async def DeleteDocument(self, request, context):  # noqa: N802
-        removed = await self.gateway.delete_document(request.doc_id)
+        principal = current_principal.get()
+        if principal is not None:
+            # An unknown document has no collection: the store then answers NOT_FOUND.
+            collection = self.gateway.collection_of(request.doc_id) or ""
+            principal.require_delete(request.doc_id, collection)
+        removed = await self.gateway.delete_document(request.doc_id, request.collection)
         return ragline_pb2.DeleteDocumentResponse(
             chunks_removed=removed, index_generation=self.gateway.store.view.generation
         )
@@ -145,7 +171,7 @@ class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):
         hits = convert.hits_from_pb(request.hits)
         started = time.perf_counter()
         name, scores, threshold = await within_deadline(
-            context, self.gateway.score_hits(request.query, hits, request.threshold)
+            context, self.gateway.score_request(request.query, hits, request.threshold)
         )
         return stages_pb2.ScoreResponse(
             scores=scores,
@@ -157,18 +183,25 @@ class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):
 
 class GeneratorServicer(stages_pb2_grpc.GeneratorServiceServicer):
     def __init__(self, gateway: Gateway) -> None:
-        self.generator = gateway.generator
+        self.gateway = gateway
+
+    async def _answer(self, request) -> DomainAnswer:  # type: ignore[no-untyped-def]
+        evidence = convert.hits_from_pb(request.evidence, "evidence")
+        result: DomainAnswer | None = None
+        async for item in self.gateway.generate(request.query, evidence, request.max_new_tokens):
+            if isinstance(item, DomainAnswer):
+                result = item
+        assert result is not None
+        return result
 
     async def Generate(self, request, context):  # noqa: N802
-        evidence = convert.hits_from_pb(request.evidence)
-        answer = await within_deadline(
-            context, self.generator.answer(request.query, evidence, request.max_new_tokens)
-        )
+        answer = await within_deadline(context, self._answer(request))
         return stages_pb2.GenerateResponse(**convert.answer_fields(answer))
 
     async def GenerateStream(self, request, context):  # noqa: N802
-        evidence = convert.hits_from_pb(request.evidence)
-        async for item in self.generator.stream(request.query, evidence, request.max_new_tokens):
+        evidence = convert.hits_from_pb(request.evidence, "evidence")
+        stream = self.gateway.generate(request.query, evidence, request.max_new_tokens)
+        async for item in stream:
             if isinstance(item, DomainAnswer):
                 yield stages_pb2.GenerateStreamResponse(
                     final=stages_pb2.GenerateResponse(**convert.answer_fields(item))

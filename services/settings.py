@@ -28,10 +28,81 @@ class ServerSettings(BaseSettings):
     target: str = Field("127.0.0.1:50051", description="Where the CLI clients connect.")
     grace_s: float = Field(5.0, ge=0, description="Graceful-shutdown window on SIGTERM.")
     max_concurrent_rpcs: int = Field(
-        64, ge=1, description="Beyond this many in-flight RPCs, callers get RESOURCE_EXHAUSTED."
+        64,
+        ge=1,
+        description="Beyond this many in-flight Retrieve/Ingest/... RPCs, callers get "
+        "RESOURCE_EXHAUSTED (Answer has its own limit, so slow answers never lock retrieval out).",
+    )
+    max_concurrent_answers: int = Field(
+        8,
+        ge=1,
+        description="In-flight Answer/AnswerStream/Generate calls at most; beyond, "
+        "RESOURCE_EXHAUSTED with retry info. One CPU generates one answer at a time anyway.",
     )
     threads: int = Field(
         2, ge=0, description="torch intra-op threads (0 = torch default); 2 suits a 2-core box."
+    )
+    internal_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port for the internal stage services (RetrieverService, CredibilityService, "
+        "GeneratorService), which the public port never serves. Unset = not served at all "
+        "(the one-process deployment calls the stages in-process); 0 = any free port.",
+    )
+    internal_host: str = Field(
+        "127.0.0.1", description="Address the internal stage services bind to."
+    )
+    max_message_mib: int = Field(
+        256, ge=1, le=2047, description="Largest request (an Ingest upload) on the public port."
+    )
+    internal_max_message_mib: int = Field(
+        16, ge=1, le=2047, description="Largest request on the internal port."
+    )
+    auth_tokens_file: Path | None = Field(
+        None,
+        description="JSON file of bearer tokens by their sha256, with scopes and collections "
+        "(`ragline token create` prints an entry). Set (or AUTH_TOKENS) = every RPC needs a token.",
+    )
+    auth_tokens: str = Field(
+        "", description="The same JSON as AUTH_TOKENS_FILE, given inline (e.g. a secret env)."
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve without tokens on a non-loopback address (refused by default: "
+        "anyone who reaches the port could read and change the index).",
+    )
+    tls_cert_file: Path | None = Field(
+        None, description="Server certificate (PEM): set with TLS_KEY_FILE to serve TLS."
+    )
+    tls_key_file: Path | None = Field(None, description="Server private key (PEM).")
+    tls_client_ca_file: Path | None = Field(
+        None,
+        description="CA that signs the certificates of services calling the internal port: "
+        "set = mutual TLS there, callers without a certificate from it are refused.",
+    )
+    tls_ca_file: Path | None = Field(
+        None,
+        description="Clients (the CLI, a gateway calling a remote stage): CA to verify the "
+        "server with; set = connect with TLS.",
+    )
+    tls_client_cert_file: Path | None = Field(
+        None, description="Clients: own certificate for mutual TLS (with TLS_CLIENT_KEY_FILE)."
+    )
+    tls_client_key_file: Path | None = Field(None, description="Clients: own private key.")
+    token: str = Field(
+        "", description="Clients (the CLI, a gateway calling a remote stage): bearer token sent."
+    )
+    expose_paths: bool = Field(
+        False,
+        description="Hits carry the server's absolute file path (Chunk.path). Off by default: "
+        "it tells clients about the server's disk; turn on for local use.",
+    )
+    reload_interval_s: float = Field(
+        2.0,
+        ge=0,
+        description="How often the server checks the index's CURRENT for a generation written "
+        "by another process (`ragline ingest`) and loads it (0 = never).",
     )
 
 
@@ -49,6 +120,12 @@ class IngestSettings(BaseSettings):
         180, ge=10, le=2000, description="Chunk size in words, when target_tokens is 0."
     )
     overlap_words: int = Field(40, ge=0, description="Words shared, when target_tokens is 0.")
+    path_roots: str = Field(
+        "",
+        description="Folders (separated by ':') under which the Ingest RPC may read server-side "
+        "paths; empty = server-side paths are refused and clients upload bytes instead. Paths "
+        "are resolved (no symlink escape) and only regular files are read.",
+    )
     max_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Larger files are refused.")
     max_pages: int = Field(5000, ge=1, description="PDFs with more pages are refused.")
     min_quality: float = Field(
@@ -282,7 +359,23 @@ class GeneratorSettings(BaseSettings):
         "Empty = one endpoint, OPENAI_BASE_URL.",
     )
     evidence_k: int = Field(4, ge=1, le=20, description="Passages given to the model.")
-    max_new_tokens: int = Field(96, ge=1, le=4096, description="Generated tokens at most.")
+    max_new_tokens: int = Field(
+        96, ge=1, le=4096, description="Generated tokens when a request does not say."
+    )
+    max_new_tokens_limit: int = Field(
+        512,
+        ge=1,
+        le=32768,
+        description="Largest max_new_tokens a request may ask for (INVALID_ARGUMENT above).",
+    )
+    max_evidence: int = Field(
+        20, ge=1, le=1000, description="Passages an internal Generate/Score request may carry."
+    )
+    max_passage_chars: int = Field(
+        20000,
+        ge=100,
+        description="Characters per passage an internal Generate/Score request may carry.",
+    )
     max_evidence_tokens: int = Field(
         768,
         ge=16,

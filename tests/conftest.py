@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `ragline` sets it (services/cli.py)
 
 import subprocess
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -108,6 +109,10 @@ def make_settings(tmp: Path, redis_url: str) -> Settings:
     settings.ingest.target_tokens = 0
     settings.ingest.target_words = 40
     settings.ingest.overlap_words = 5
+    # The Ingest RPC reads server-side paths only under allowed roots: the tests' temporary
+    # folders and the fetched corpus.
+    (ROOT / "data").mkdir(exist_ok=True)
+    settings.ingest.path_roots = os.pathsep.join([tempfile.gettempdir(), str(ROOT / "data")])
     return settings
 
 
@@ -122,12 +127,32 @@ async def server(
     """The whole service in one process on localhost:0, with the test manual ingested; SPLADE
     and MiniLM + HNSW both on, hybrid by default."""
     settings = make_settings(tmp_path_factory.mktemp("srv"), redis_url)
+    settings.server.internal_port = 0  # the stage services too, on their own port
     store = IndexStore(settings.retriever.index_dir, encoder, dense_encoder=dense_encoder)
     gateway = build_gateway(settings, store)
     running = await start_server(settings, gateway)
     await gateway.ingest([str(manual_dir)], [])
     yield running
     await running.stop(0)
+
+
+async def serve_beside(settings: Settings, shared: RunningServer) -> RunningServer:
+    """A second server over the session server's index and generator (no second engine)."""
+    gateway = build_gateway(settings, shared.gateway.store)
+    gateway.generator = shared.gateway.generator
+    return await start_server(settings, gateway)
+
+
+async def stop_beside(running: RunningServer) -> None:
+    """Stop a :func:`serve_beside` server. Not ``running.stop()``: that would close the
+    shared generator's engine."""
+    for task in running.tasks:
+        task.cancel()
+    await running.server.stop(0)
+    if running.internal is not None:
+        await running.internal.server.stop(0)
+    if running.gateway.retriever.cache is not None:
+        await running.gateway.retriever.cache.close()
 
 
 @pytest.fixture(scope="session")

@@ -145,10 +145,12 @@ class AnswerStreamResponse(_message.Message):
     def __init__(self, delta: _Optional[str] = ..., final: _Optional[_Union[AnswerResponse, _Mapping]] = ...) -> None: ...
 
 class DeleteDocumentRequest(_message.Message):
-    __slots__ = ("doc_id",)
+    __slots__ = ("doc_id", "collection")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
-    def __init__(self, doc_id: _Optional[str] = ...) -> None: ...
+    collection: str
+    def __init__(self, doc_id: _Optional[str] = ..., collection: _Optional[str] = ...) -> None: ...
 
 class DeleteDocumentResponse(_message.Message):
     __slots__ = ("chunks_removed", "index_generation")

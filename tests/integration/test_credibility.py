@@ -22,9 +22,8 @@ from ingest.chunker import ChunkerConfig
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.splade import SpladeEncoder
 from retriever.store import IndexStore
-from services.server import RunningServer, build_gateway, start_server
-from services.settings import Settings
-from tests.conftest import make_settings
+from services.server import RunningServer
+from tests.conftest import make_settings, serve_beside, stop_beside
 
 pytestmark = pytest.mark.integration
 
@@ -112,20 +111,6 @@ def test_the_packaged_minilm_body_is_a_base_too(rdata_store: IndexStore, tmp_pat
 
 
 # -- in the service ----------------------------------------------------------------------------
-async def _serve(settings: Settings, shared: RunningServer) -> RunningServer:
-    """A second server over the session server's index and generator (no second engine)."""
-    gateway = build_gateway(settings, shared.gateway.store)
-    gateway.generator = shared.gateway.generator
-    return await start_server(settings, gateway)
-
-
-async def _stop(running: RunningServer) -> None:
-    # Not running.stop(): that would close the shared generator's engine.
-    await running.server.stop(0)
-    if running.gateway.retriever.cache is not None:
-        await running.gateway.retriever.cache.close()
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def classifier_server(
     server: RunningServer, checkpoint: Path, tmp_path: Path, redis_url: str
@@ -133,9 +118,10 @@ async def classifier_server(
     settings = make_settings(tmp_path, redis_url)
     settings.credibility.backend = "classifier"
     settings.credibility.model_dir = checkpoint
-    running = await _serve(settings, server)
+    settings.server.internal_port = 0  # its CredibilityService, for the remote-filter test
+    running = await serve_beside(settings, server)
     yield running
-    await _stop(running)
+    await stop_beside(running)
 
 
 async def test_retrieve_and_score_carry_calibrated_scores(
@@ -152,10 +138,12 @@ async def test_retrieve_and_score_carry_calibrated_scores(
         assert found.hits
         assert all(0.0 <= h.stage_scores["credibility"] <= 1.0 for h in found.hits)
         assert "credibility" in found.timings_ms
-        stage = stages_pb2_grpc.CredibilityServiceStub(channel)
-        scored = await stage.Score(
-            stages_pb2.ScoreRequest(query="frobctl install", hits=found.hits), timeout=60
-        )
+        internal = f"127.0.0.1:{classifier_server.internal_port}"
+        async with grpc.aio.insecure_channel(internal) as stages:
+            stage = stages_pb2_grpc.CredibilityServiceStub(stages)
+            scored = await stage.Score(
+                stages_pb2.ScoreRequest(query="frobctl install", hits=found.hits), timeout=60
+            )
         assert scored.threshold == pytest.approx(0.85)
         assert list(scored.kept) == [s >= 0.85 for s in scored.scores]
         # a per-request threshold outside [0.5, 0.99] is refused, naming the field
@@ -213,7 +201,7 @@ async def test_credibility_down_means_unavailable_for_answer_not_retrieve(
     settings = make_settings(tmp_path, redis_url)
     settings.credibility.address = "127.0.0.1:1"  # nothing listens there
     settings.credibility.timeout_s = 0.5
-    running = await _serve(settings, server)
+    running = await serve_beside(settings, server)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             public = ragline_pb2_grpc.RaglineStub(channel)
@@ -231,7 +219,7 @@ async def test_credibility_down_means_unavailable_for_answer_not_retrieve(
             stats = await public.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)
             assert stats.counters["ragline_evidence_filter_failures_total"] >= 2
     finally:
-        await _stop(running)
+        await stop_beside(running)
 
 
 async def test_remote_credibility_service_and_the_documented_fallback(
@@ -239,14 +227,14 @@ async def test_remote_credibility_service_and_the_documented_fallback(
 ) -> None:
     # A gateway whose filter is the classifier server's CredibilityService, over gRPC.
     settings = make_settings(tmp_path / "remote", redis_url)
-    settings.credibility.address = f"127.0.0.1:{classifier_server.port}"
-    remote = await _serve(settings, server)
+    settings.credibility.address = f"127.0.0.1:{classifier_server.internal_port}"
+    remote = await serve_beside(settings, server)
     # And one configured to fall back to the SPLADE floor when its service is down.
     settings = make_settings(tmp_path / "fallback", redis_url)
     settings.credibility.address = "127.0.0.1:1"
     settings.credibility.timeout_s = 0.5
     settings.credibility.on_unavailable = "score_floor"
-    fallback = await _serve(settings, server)
+    fallback = await serve_beside(settings, server)
     try:
         question = "Which environment variable gives the site configuration file?"
         async with grpc.aio.insecure_channel(f"127.0.0.1:{remote.port}") as channel:
@@ -261,5 +249,5 @@ async def test_remote_credibility_service_and_the_documented_fallback(
             assert reply.evidence and all("score_floor" in e.stage_scores for e in reply.evidence)
         assert fallback.gateway.filter_fallbacks >= 1
     finally:
-        await _stop(remote)
-        await _stop(fallback)
+        await stop_beside(remote)
+        await stop_beside(fallback)

@@ -53,7 +53,13 @@ async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Pa
     questions = write_questions(tmp_path / "q.jsonl")
     out = tmp_path / "out"
     report = await run_eval(
-        EvalOptions(questions=questions, out=out, target=f"127.0.0.1:{server.port}", progress=False)
+        EvalOptions(
+            questions=questions,
+            out=out,
+            target=f"127.0.0.1:{server.port}",
+            stages_target=f"127.0.0.1:{server.internal_port}",
+            progress=False,
+        )
     )
     assert report["counts"] == {"questions": 3, "answerable": 2, "unanswerable": 1, "errors": 1}
     assert "q.jsonl:4" in report["errors"][0]
@@ -98,6 +104,7 @@ async def test_retrieval_only_run_skips_answers(server: RunningServer, tmp_path:
             questions=write_questions(tmp_path / "q.jsonl"),
             out=tmp_path / "o",
             target=f"127.0.0.1:{server.port}",
+            stages_target=f"127.0.0.1:{server.internal_port}",
             answers=False,
             progress=False,
         )
@@ -113,6 +120,7 @@ async def test_notebook_runs_end_to_end(server: RunningServer, tmp_path: Path) -
     notebook = nbformat.read(ROOT / "eval" / "notebooks" / "quick_eval.ipynb", as_version=4)
     os.environ.update(
         RAGLINE_EVAL_TARGET=f"127.0.0.1:{server.port}",
+        RAGLINE_EVAL_STAGES_TARGET=f"127.0.0.1:{server.internal_port}",
         RAGLINE_EVAL_QUESTIONS=str(write_questions(tmp_path / "q.jsonl")),
         RAGLINE_EVAL_OUT=str(tmp_path / "nb"),
     )
@@ -121,10 +129,16 @@ async def test_notebook_runs_end_to_end(server: RunningServer, tmp_path: Path) -
         # the kernel calls back into this process's server: keep its event loop free
         await asyncio.to_thread(client.execute)
     finally:
-        for key in ("RAGLINE_EVAL_TARGET", "RAGLINE_EVAL_QUESTIONS", "RAGLINE_EVAL_OUT"):
+        for key in (
+            "RAGLINE_EVAL_TARGET",
+            "RAGLINE_EVAL_STAGES_TARGET",
+            "RAGLINE_EVAL_QUESTIONS",
+            "RAGLINE_EVAL_OUT",
+        ):
             os.environ.pop(key, None)
     images = [
         o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
     ]
     assert len(images) == 3
-    assert (tmp_path / "nb" / "report.json").exists()
+    report = json.loads((tmp_path / "nb" / "report.json").read_text())
+    assert report["counts"]["errors"] == 1  # the bad line only: every question was asked

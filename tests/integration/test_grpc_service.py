@@ -27,6 +27,12 @@ async def channel(server: RunningServer):  # type: ignore[no-untyped-def]
         yield ch
 
 
+@pytest.fixture
+async def internal_channel(server: RunningServer):  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as ch:
+        yield ch
+
+
 def violations(exc: grpc.aio.AioRpcError) -> list[str]:
     status = rpc_status.from_call(exc)
     assert status is not None
@@ -48,7 +54,15 @@ async def test_health_is_serving_and_reflection_lists_services(channel) -> None:
         iter([reflection_pb2.ServerReflectionRequest(list_services="")])
     ):
         names |= {s.name for s in response.list_services_response.service}
-    assert {"ragline.v1.Ragline", "ragline.v1.RetrieverService"} <= names
+    assert "ragline.v1.Ragline" in names
+    assert not any(n.startswith("ragline.v1.") and n.endswith("Service") for n in names)
+
+
+async def test_the_public_port_does_not_serve_the_internal_stages(channel) -> None:  # type: ignore[no-untyped-def]
+    generator = stages_pb2_grpc.GeneratorServiceStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await generator.Generate(stages_pb2.GenerateRequest(query="anything"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 async def test_retrieve_finds_the_right_page_then_hits_the_cache(channel) -> None:  # type: ignore[no-untyped-def]
@@ -183,7 +197,8 @@ async def test_answer_stream_sends_deltas_then_the_checked_final(channel) -> Non
     assert final.insufficient or final.citations
 
 
-async def test_internal_stage_services_answer(channel) -> None:  # type: ignore[no-untyped-def]
+async def test_internal_stage_services_answer(internal_channel) -> None:  # type: ignore[no-untyped-def]
+    channel = internal_channel
     retriever = stages_pb2_grpc.RetrieverServiceStub(channel)
     found = await retriever.Search(stages_pb2.SearchRequest(query="frobctl install", k=2))
     assert 1 in found.hits[0].chunk.pages

@@ -129,9 +129,17 @@ async def test_collections_filter_inside_the_search(stub, tmp_path: Path) -> Non
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Retrieve(retrieve("logs", collections=["nope"]), timeout=30)
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
-        # the same bytes into another collection move the document; it is not "unchanged"
-        moved = await stub.Ingest(
+        # the same bytes into another collection would take the document from "ops": only
+        # when asked to; then it moves (it is not "unchanged")
+        refused = await stub.Ingest(
             ragline_pb2.IngestRequest(documents=[upload], collection="archive"), timeout=60
+        )
+        assert refused.results[0].status == ragline_pb2.IngestFileResult.FAILED
+        moved = await stub.Ingest(
+            ragline_pb2.IngestRequest(
+                documents=[upload], collection="archive", replace_other_paths=True
+            ),
+            timeout=60,
         )
         assert moved.results[0].status == ragline_pb2.IngestFileResult.REPLACED
         archived = await stub.Retrieve(retrieve("logs", collections=["archive"]), timeout=30)

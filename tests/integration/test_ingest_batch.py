@@ -124,7 +124,7 @@ def test_batch_with_two_workers_reports_each_bad_file_and_lands_the_rest(
     assert paths == {str((tmp_path / "good.pdf").resolve())}
     # the path survives the gRPC mapping, and a snapshot written before it existed still loads
     chunk = store.view.chunks[0]
-    assert chunk_from_pb(chunk_to_pb(chunk)) == chunk
+    assert chunk_from_pb(chunk_to_pb(chunk, expose_paths=True)) == chunk
     older = {k: v for k, v in asdict(chunk).items() if k != "path"}
     assert _chunk_from_json(json.dumps(older)) == replace(chunk, path="")
     summary = report.to_dict()

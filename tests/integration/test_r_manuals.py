@@ -25,6 +25,7 @@ def gateway(  # type: ignore[no-untyped-def]
 ):
     settings = Settings()
     settings.cache.enabled = False
+    settings.ingest.path_roots = str(r_manuals)  # the Ingest RPC's core reads paths only there
     store = IndexStore(tmp_path_factory.mktemp("rindex"), encoder, dense_encoder=dense_encoder)
     store.load()
     gw = build_gateway(settings, store)

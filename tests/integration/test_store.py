@@ -100,6 +100,7 @@ async def test_snapshot_reloads_and_survives_a_crashed_write(
     assert reloaded.view.generation == store.view.generation
     assert [h.chunk.chunk_id for h in after.hits] == [h.chunk.chunk_id for h in before.hits]
     assert 3 in after.hits[0].chunk.pages
+    assert not (index_dir / "snapshots" / ".tmp-g000002-999").exists()  # the leftover went
 
 
 def test_corrupt_or_mismatched_snapshot_is_refused(

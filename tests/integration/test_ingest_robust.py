@@ -1,0 +1,390 @@
+"""Ingest and the index store under hostile or unlucky input: file names that are not UTF-8,
+paths that do not exist, a commit that fails half-way, a crashed writer's leftovers, uploads
+that share a name, and a CLI client with no server to talk to. Real PDFs, the real packaged
+encoders, a real index on disk; faults are injected only into low-level writes."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from hashlib import sha256
+from pathlib import Path
+
+import pytest
+import scipy.sparse
+
+from ingest.batch import duplicate_uploads, ingest_one, parse_document, run_batch
+from retriever import store as store_module
+from retriever.dense import DenseEncoder
+from retriever.search import Retriever, SearchOptions
+from retriever.sparse_index import ExactSparseIndex
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from services import cli
+from services.convert import chunk_to_pb, file_result_to_pb
+from tests.conftest import MANUAL_PAGES, ROOT, write_pdf
+
+pytestmark = pytest.mark.integration
+
+NOTES = ["Release 2.0 of the frobnicator adds TLS support.", "ARM boards log clock skew."]
+QUESTION = "Which environment variable gives the location of the site configuration file?"
+
+
+def non_utf8_pdf(folder: Path, raw_name: bytes, pages: list[str]) -> Path:
+    """A real PDF whose file name holds bytes that are not UTF-8 (Latin-1 ``é``, say)."""
+    made = write_pdf(folder / "staging.pdf", pages)
+    target = os.path.join(os.fsencode(folder), raw_name)
+    os.rename(made, target)
+    return Path(os.fsdecode(target))
+
+
+def disk_state(index_dir: Path) -> dict[str, str]:
+    """Every path under the index folder (the lock aside), with a digest of each file."""
+    return {
+        str(p.relative_to(index_dir)): "dir" if p.is_dir() else sha256(p.read_bytes()).hexdigest()
+        for p in sorted(index_dir.rglob("*"))
+        if p.name != ".lock"
+    }
+
+
+# -- names that are not UTF-8 -----------------------------------------------------------------
+def test_a_non_utf8_file_name_ingests_under_an_escaped_name_and_the_index_keeps_working(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    docs = tmp_path / "docs"
+    write_pdf(docs / "a.pdf", MANUAL_PAGES[:2])
+    odd = non_utf8_pdf(docs, b"caf\xe9.pdf", MANUAL_PAGES[2:])
+    write_pdf(docs / "z.pdf", NOTES)
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+
+    report = run_batch([docs], store, progress=False)
+    assert [(r.doc_id, r.status) for r in report.results] == [
+        ("a", "ingested"),
+        ("caf\\xe9", "ingested"),
+        ("z", "ingested"),
+    ]
+    assert report.results[1].source == str(docs) + "/caf\\xe9.pdf"
+    # the report and the gRPC strings carry it: valid UTF-8 everywhere
+    json.dumps(report.to_dict(), ensure_ascii=False).encode("utf-8")
+    report.write_json(tmp_path / "report.json")
+    file_result_to_pb(report.results[1]).SerializeToString()
+    chunk = next(c for c in store.view.chunks if c.doc_id == "caf\\xe9")
+    assert chunk.source == "caf\\xe9.pdf" and chunk.path.endswith("/caf\\xe9.pdf")
+    chunk.path.encode("utf-8")
+    chunk_to_pb(chunk).SerializeToString()
+
+    # the next writes work, and the index reloads from disk
+    assert store.delete("a") > 0
+    assert run_batch([docs / "a.pdf"], store, progress=False).results[0].status == "ingested"
+    assert run_batch([odd], store, progress=False).results[0].status == "unchanged"
+    fresh = IndexStore(tmp_path / "index", encoder)
+    fresh.load()
+    assert set(fresh.view.doc_hashes) == {"a", "caf\\xe9", "z"}
+    assert not list((tmp_path / "index" / "snapshots").glob(".tmp-*"))
+
+    # the same odd name in another folder: refused, as its first path (looked up by its
+    # bytes) still exists
+    twin = non_utf8_pdf(tmp_path / "other", b"caf\xe9.pdf", NOTES)
+    refused = run_batch([twin], store, progress=False).results[0]
+    assert refused.status == "failed" and "--replace-other-paths" in refused.reason
+
+
+def test_names_whose_bytes_differ_stay_different_documents(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    non_utf8_pdf(tmp_path / "docs", b"caf\xe9.pdf", MANUAL_PAGES[:2])
+    non_utf8_pdf(tmp_path / "docs", b"caf\xe8.pdf", NOTES)
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+    report = run_batch([tmp_path / "docs"], store, progress=False)
+    assert {r.status for r in report.results} == {"ingested"}
+    assert set(store.view.doc_hashes) == {"caf\\xe8", "caf\\xe9"}
+
+
+# -- a commit that fails leaves memory and disk as before ---------------------------------
+def _fail_building_the_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: object, **kwargs: object) -> ExactSparseIndex:
+        raise MemoryError("no memory left to build the view")
+
+    monkeypatch.setattr(ExactSparseIndex, "build", boom)
+
+
+def _fail_writing_the_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(scipy.sparse, "save_npz", boom)
+
+
+def _fail_switching_current(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails after the new snapshot folder is in place, before CURRENT points at it."""
+    real = store_module._fsync
+
+    def fsync(path: Path) -> None:
+        if path.name.startswith(".CURRENT.tmp"):
+            raise OSError(errno.EIO, "Input/output error")
+        real(path)
+
+    monkeypatch.setattr(store_module, "_fsync", fsync)
+
+
+FAULTS = {
+    "building the view": _fail_building_the_view,
+    "writing the matrix": _fail_writing_the_matrix,
+    "switching CURRENT": _fail_switching_current,
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_failed_commit_changes_nothing_and_the_next_write_works(
+    fault: str,
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    make_pdf: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    index_dir = tmp_path / "index"
+    store = IndexStore(index_dir, encoder)
+    store.load()
+    manual = make_pdf("manual.pdf", MANUAL_PAGES)
+    run_batch([manual], store, progress=False)
+    view, disk = store.view, disk_state(index_dir)
+    notes_chunks = parse_document(make_pdf("notes.pdf", NOTES).read_bytes(), "notes.pdf").chunks
+    manual_chunks = list(view.chunks)
+
+    FAULTS[fault](monkeypatch)
+    with pytest.raises((OSError, MemoryError)):
+        store.put("notes", "h-notes", notes_chunks)  # a new document
+    with pytest.raises((OSError, MemoryError)):
+        store.put("manual", "h-manual-2", manual_chunks[:1])  # a replaced one
+    with pytest.raises((OSError, MemoryError)):
+        store.delete("manual")
+    assert store.view is view and store.view.generation == 1
+    assert store.content_hash_of("notes") is None
+    assert store.content_hash_of("manual") == view.doc_hashes["manual"]
+    assert disk_state(index_dir) == disk  # no temporary folder, no new snapshot
+
+    monkeypatch.undo()
+    store.put("notes", "h-notes", notes_chunks)
+    assert store.view.generation == 2 and set(store.view.doc_hashes) == {"manual", "notes"}
+    assert store.delete("manual") == len(manual_chunks)
+    fresh = IndexStore(index_dir, encoder)
+    assert fresh.load().generation == 3 and set(fresh.view.doc_hashes) == {"notes"}
+
+
+def test_a_batch_goes_on_past_a_document_the_index_failed_to_write(
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    make_pdf: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+    real, calls = scipy.sparse.save_npz, []
+
+    def full_once(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(scipy.sparse, "save_npz", full_once)
+    first, second = make_pdf("a.pdf", MANUAL_PAGES), make_pdf("b.pdf", NOTES)
+    report = run_batch([first, second], store, progress=False, workers=0)
+    assert [r.status for r in report.results] == ["failed", "ingested"]
+    assert "index write failed" in report.results[0].reason
+    assert "No space left" in report.results[0].reason
+    assert set(store.view.doc_hashes) == {"b"} and store.view.generation == 1
+
+
+async def test_a_failed_commit_on_a_dense_index_restores_the_graph(
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+    make_pdf: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    index_dir = tmp_path / "index"
+    store = IndexStore(index_dir, encoder, dense_encoder=dense_encoder)
+    store.load()
+    manual, notes = make_pdf("manual.pdf", MANUAL_PAGES), make_pdf("notes.pdf", NOTES)
+    run_batch([manual, notes], store, progress=False)
+    dense = SearchOptions(mode="dense")
+    before = await Retriever(store).search(QUESTION, 5, dense)
+    generation, disk = store.view.generation, disk_state(index_dir)
+
+    _fail_writing_the_matrix(monkeypatch)
+    make_pdf("manual.pdf", [*MANUAL_PAGES, "Chapter 5. Logs rotate daily."])
+    failed = run_batch([manual], store, progress=False)  # replaces: tombstones + new vectors
+    assert failed.results[0].status == "failed"
+    with pytest.raises(OSError):
+        store.delete("notes")
+    assert store.view.generation == generation and disk_state(index_dir) == disk
+    after = await Retriever(store).search(QUESTION, 5, dense)
+    assert [(h.chunk.chunk_id, round(h.score, 5)) for h in after.hits] == [
+        (h.chunk.chunk_id, round(h.score, 5)) for h in before.hits
+    ]
+
+    monkeypatch.undo()
+    assert run_batch([manual], store, progress=False).results[0].status == "replaced"
+    assert store.delete("notes") > 0
+    view = store.view
+    assert view.dense is not None and view.generation == generation + 2
+    rows = sorted(r for r, _ in view.dense.search(dense_encoder.encode_query(QUESTION), 50))
+    assert rows == list(range(len(view.chunks)))  # every live chunk, no stale slot
+
+
+# -- a crashed writer's leftovers ---------------------------------------------------------
+def test_leftovers_of_a_crashed_write_are_removed_when_the_store_loads(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    index_dir = tmp_path / "index"
+    store = IndexStore(index_dir, encoder)
+    store.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], store, progress=False)
+    folder = index_dir / "snapshots" / ".tmp-g000002-999"
+    folder.mkdir()
+    (folder / "chunks.jsonl").write_text("{broken")
+    pointer = index_dir / ".CURRENT.tmp-999"
+    pointer.write_text("g000002\n")
+
+    # while a writer holds the lock, its temporary files are not leftovers
+    with (index_dir / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        IndexStore(index_dir, encoder).load()
+        assert folder.exists() and pointer.exists()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+
+    reloaded = IndexStore(index_dir, encoder)
+    assert reloaded.load().generation == store.view.generation
+    assert not folder.exists() and not pointer.exists()
+
+
+# -- uploads ------------------------------------------------------------------------------
+def test_an_upload_does_not_silently_replace_a_document_from_another_source(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+    on_disk = make_pdf("srv/manual.pdf", MANUAL_PAGES)
+    run_batch([on_disk], store, progress=False)
+    upload = make_pdf("upload/manual.pdf", NOTES).read_bytes()
+
+    refused = ingest_one(upload, "manual.pdf", store)
+    assert refused.status == "failed" and refused.doc_id == "manual"
+    assert str(on_disk.resolve()) in refused.reason and "replace_other_paths" in refused.reason
+    assert store.view.generation == 1 and store.path_of("manual") == str(on_disk.resolve())
+    replaced = ingest_one(upload, "manual.pdf", store, replace_other_paths=True)
+    assert replaced.status == "replaced" and store.path_of("manual") == ""
+
+    # a new version of the same upload replaces it; the same bytes again change nothing
+    newer = make_pdf("upload/v2.pdf", [*NOTES, "Release 2.1 adds IPv6."]).read_bytes()
+    assert ingest_one(newer, "manual.pdf", store).status == "replaced"
+    assert ingest_one(newer, "manual.pdf", store).status == "unchanged"
+    # ... but not an upload of that name into another collection
+    elsewhere = ingest_one(newer, "manual.pdf", store, collection="team-b")
+    assert elsewhere.status == "failed" and "'default'" in elsewhere.reason
+    assert store.collection_of("manual") == "default"
+    moved = ingest_one(newer, "manual.pdf", store, collection="team-b", replace_other_paths=True)
+    assert moved.status == "replaced" and store.collection_of("manual") == "team-b"
+
+
+def test_two_uploads_of_one_name_in_one_request_refuse_the_later(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    store = IndexStore(tmp_path / "index", encoder)
+    store.load()
+    batch = run_batch([make_pdf("srv/guide.pdf", NOTES)], store, progress=False)
+    uploads = [
+        ("manual.pdf", make_pdf("u1.pdf", MANUAL_PAGES).read_bytes()),
+        ("notes.pdf", make_pdf("u2.pdf", NOTES).read_bytes()),
+        ("sub/manual.pdf", make_pdf("u3.pdf", MANUAL_PAGES[:1]).read_bytes()),
+        ("guide.pdf", make_pdf("u4.pdf", MANUAL_PAGES[1:]).read_bytes()),
+    ]
+    refused = duplicate_uploads([name for name, _ in uploads], batch.results)
+    assert sorted(refused) == [2, 3]
+    assert "'manual' already used by manual.pdf" in refused[2].reason
+    assert str(tmp_path / "srv" / "guide.pdf") in refused[3].reason
+    results = [
+        refused.get(i) or ingest_one(data, name, store) for i, (name, data) in enumerate(uploads)
+    ]
+    assert [r.status for r in results] == ["ingested", "ingested", "failed", "failed"]
+    assert store.view.generation == 3  # guide, then manual and notes: nothing replaced
+
+
+# -- the CLI ------------------------------------------------------------------------------
+def test_cli_ingest_reports_a_missing_path_and_odd_names_and_lands_the_rest(
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RAGLINE_RETRIEVER_DENSE_MODEL", "")  # sparse is enough here
+    docs, empty = tmp_path / "docs", tmp_path / "empty"
+    empty.mkdir()
+    write_pdf(docs / "a.pdf", MANUAL_PAGES[:2])
+    non_utf8_pdf(docs, b"caf\xe9.pdf", MANUAL_PAGES[2:])
+    last = write_pdf(tmp_path / "b.pdf", NOTES)
+    index_dir, report_path = tmp_path / "index", tmp_path / "report.json"
+    argv = ["ingest", str(docs), str(tmp_path / "missing.pdf"), str(empty), str(last)]
+    argv += ["--index-dir", str(index_dir), "--report", str(report_path), "-q"]
+
+    assert cli.main(argv) == 1  # a file failed
+    err = capsys.readouterr().err
+    assert f"FAILED  {tmp_path / 'missing.pdf'}: no such file or directory" in err
+    assert f"warning: {empty}: no PDF files in this folder" in err
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    assert [(f["doc_id"], f["status"]) for f in report["files"]] == [
+        ("a", "ingested"),
+        ("caf\\xe9", "ingested"),
+        ("", "failed"),
+        ("b", "ingested"),
+    ]
+    assert report["warnings"] == [f"{empty}: no PDF files in this folder"]
+    store = IndexStore(index_dir, encoder)
+    assert set(store.load().doc_hashes) == {"a", "caf\\xe9", "b"}
+    assert not list((index_dir / "snapshots").glob(".tmp-*"))
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+NO_SERVER_HINTS = ("ragline serve", "make run", "RAGLINE_SERVER_TARGET")
+
+
+def test_cli_client_without_a_server_says_how_to_start_one(free_port: int) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "stats", "--target", f"127.0.0.1:{free_port}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{free_port}" in lines[0], done.stderr
+    assert all(hint in lines[0] for hint in NO_SERVER_HINTS)
+
+
+@pytest.mark.parametrize(
+    "command", [["retrieve", "q"], ["answer", "q"], ["answer", "q", "--stream"], ["delete", "x"]]
+)
+def test_every_client_command_without_a_server_exits_2_with_the_hint(
+    command: list[str], free_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*command, "--target", f"127.0.0.1:{free_port}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and all(hint in err for hint in NO_SERVER_HINTS)

@@ -1,0 +1,525 @@
+"""The service treats every request as hostile: tokens and scopes, collections a token may
+see, confined server-side paths, bounded internal services, TLS and mTLS. Real servers on
+loopback, real models, real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from retriever.dense import DenseEncoder
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from services.auth import bearer_metadata, new_token
+from services.client import open_channel
+from services.server import RunningServer, build_gateway, start_server
+from services.settings import Settings
+from tests.certs import make_certs
+from tests.conftest import ROOT, make_settings, serve_beside, stop_beside, write_pdf
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+TEAM_A = ["The heliostat array of team A tracks the sun with a 0.1 degree stepper motor."]
+TEAM_B = ["The cryostat of team B holds its sample at 4 kelvin with liquid helium."]
+
+
+@pytest.fixture(scope="module")
+def tokens() -> dict[str, str]:
+    """Tokens by role, and the server's token configuration (hashes only) under "config"."""
+    grants = {
+        "admin": (["admin"], ["*"]),
+        "reader_a": (["read"], ["team-a"]),
+        "writer_a": (["ingest", "delete"], ["team-a"]),
+        "reader_all": (["read"], ["*"]),
+    }
+    out, entries = {}, []
+    for role, (scopes, collections) in grants.items():
+        token, entry = new_token(role, scopes, collections)
+        out[role] = token
+        entries.append(entry)
+    out["config"] = json.dumps({"tokens": entries})
+    return out
+
+
+async def _own_store_server(
+    settings: Settings, shared: RunningServer, encoder: SpladeEncoder, dense: DenseEncoder
+) -> RunningServer:
+    """A server with its own (empty) index, sharing the session server's generator."""
+    store = IndexStore(settings.retriever.index_dir, encoder, dense_encoder=dense)
+    gateway = build_gateway(settings, store)
+    gateway.generator = shared.gateway.generator
+    return await start_server(settings, gateway)
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def secured(
+    server: RunningServer,
+    tokens: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+) -> AsyncIterator[RunningServer]:
+    """Tokens required; two collections, team-a and team-b, one document each."""
+    settings = make_settings(tmp_path_factory.mktemp("secured"), redis_url)
+    settings.server.auth_tokens = tokens["config"]
+    running = await _own_store_server(settings, server, encoder, dense_encoder)
+    for collection, name, pages in (("team-a", "helio", TEAM_A), ("team-b", "cryo", TEAM_B)):
+        pdf = write_pdf(tmp_path_factory.mktemp(collection) / f"{name}.pdf", pages)
+        await running.gateway.ingest([], [(pdf.name, pdf.read_bytes())], collection)
+    yield running
+    await stop_beside(running)
+
+
+def _stub(port: int) -> tuple[grpc.aio.Channel, ragline_pb2_grpc.RaglineStub]:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    return channel, ragline_pb2_grpc.RaglineStub(channel)
+
+
+async def _error(call) -> grpc.aio.AioRpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+# -- authentication and scopes --------------------------------------------------------------
+async def test_calls_without_a_valid_token_are_unauthenticated(secured, tokens) -> None:  # type: ignore[no-untyped-def]
+    channel, stub = _stub(secured.port)
+    async with channel:
+        request = ragline_pb2.RetrieveRequest(query="heliostat stepper motor")
+        missing = await _error(stub.Retrieve(request, timeout=30))
+        assert missing.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert missing.details() == "missing bearer token"
+        wrong = await _error(stub.Retrieve(request, timeout=30, metadata=bearer_metadata("rgl_x")))
+        assert (wrong.code(), wrong.details()) == (grpc.StatusCode.UNAUTHENTICATED, "invalid token")
+        # a load balancer's health probe needs no token
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        ok = await stub.Retrieve(
+            request, timeout=30, metadata=bearer_metadata(tokens["reader_all"])
+        )
+        assert ok.hits
+
+
+async def test_a_token_may_do_only_what_its_scopes_say(secured, tokens) -> None:  # type: ignore[no-untyped-def]
+    channel, stub = _stub(secured.port)
+    reader = bearer_metadata(tokens["reader_a"])
+    async with channel:
+        upload = ragline_pb2.Document(name="x.pdf", content=b"%PDF-1.4")
+        ingest = ragline_pb2.IngestRequest(documents=[upload], collection="team-a")
+        denied = await _error(stub.Ingest(ingest, timeout=30, metadata=reader))
+        assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "'ingest' scope" in (denied.details() or "")
+        delete = ragline_pb2.DeleteDocumentRequest(doc_id="helio")
+        denied = await _error(stub.DeleteDocument(delete, timeout=30, metadata=reader))
+        assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+        writer = bearer_metadata(tokens["writer_a"])
+        into_b = ragline_pb2.IngestRequest(documents=[upload], collection="team-b")
+        denied = await _error(stub.Ingest(into_b, timeout=30, metadata=writer))
+        assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_token_sees_only_its_collections_and_learns_nothing_of_others(  # type: ignore[no-untyped-def]
+    secured, tokens
+) -> None:
+    channel, stub = _stub(secured.port)
+    reader = bearer_metadata(tokens["reader_a"])
+    async with channel:
+        # the other team's document is the best match, but it is not this token's to see
+        query = "cryostat sample kelvin liquid helium"
+        found = await stub.Retrieve(
+            ragline_pb2.RetrieveRequest(query=query), timeout=30, metadata=reader
+        )
+        assert {h.chunk.collection for h in found.hits} == {"team-a"}
+
+        def request(**filters: list[str]) -> ragline_pb2.RetrieveRequest:
+            options = common_pb2.SearchOptions(filter=common_pb2.Filter(**filters))
+            return ragline_pb2.RetrieveRequest(query=query, options=options)
+
+        hidden = await _error(
+            stub.Retrieve(request(collections=["team-b"]), timeout=30, metadata=reader)
+        )
+        absent = await _error(
+            stub.Retrieve(request(collections=["team-zz"]), timeout=30, metadata=reader)
+        )
+        assert hidden.code() == absent.code() == grpc.StatusCode.NOT_FOUND
+        assert hidden.details() == absent.details().replace("team-zz", "team-b")
+        hidden = await _error(stub.Retrieve(request(doc_ids=["cryo"]), timeout=30, metadata=reader))
+        absent = await _error(stub.Retrieve(request(doc_ids=["nope"]), timeout=30, metadata=reader))
+        assert hidden.code() == absent.code() == grpc.StatusCode.NOT_FOUND
+        assert hidden.details() == absent.details().replace("nope", "cryo")
+        answer = await stub.Answer(
+            ragline_pb2.AnswerRequest(query=query), timeout=120, metadata=reader
+        )
+        assert all(e.chunk.collection == "team-a" for e in answer.evidence)
+        # deleting the other team's document: as if it did not exist, and it stays
+        writer = bearer_metadata(tokens["writer_a"])
+        gone = await _error(
+            stub.DeleteDocument(
+                ragline_pb2.DeleteDocumentRequest(doc_id="cryo"), timeout=30, metadata=writer
+            )
+        )
+        unknown = await _error(
+            stub.DeleteDocument(
+                ragline_pb2.DeleteDocumentRequest(doc_id="nope"), timeout=30, metadata=writer
+            )
+        )
+        assert gone.code() == unknown.code() == grpc.StatusCode.NOT_FOUND
+        assert gone.details() == unknown.details().replace("nope", "cryo")
+        # nor can an upload of the same name take it over, even when asked to replace
+        upload = ragline_pb2.Document(name="cryo.pdf", content=b"%PDF-1.4 anything")
+        taken = await stub.Ingest(
+            ragline_pb2.IngestRequest(
+                documents=[upload], collection="team-a", replace_other_paths=True
+            ),
+            timeout=60,
+            metadata=writer,
+        )
+        assert taken.results[0].status == ragline_pb2.IngestFileResult.FAILED
+        assert "team-b" not in taken.results[0].reason
+        assert secured.gateway.collection_of("cryo") == "team-b"
+
+
+async def test_delete_scoped_to_a_collection(secured, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    channel, stub = _stub(secured.port)
+    admin = bearer_metadata(tokens["admin"])
+    pdf = write_pdf(tmp_path / "scratch.pdf", ["A scratch note about the team A telescope dome."])
+    async with channel:
+        upload = ragline_pb2.Document(name=pdf.name, content=pdf.read_bytes())
+        await stub.Ingest(
+            ragline_pb2.IngestRequest(documents=[upload], collection="team-a"),
+            timeout=60,
+            metadata=admin,
+        )
+        wrong = await _error(
+            stub.DeleteDocument(
+                ragline_pb2.DeleteDocumentRequest(doc_id="scratch", collection="team-b"),
+                timeout=30,
+                metadata=admin,
+            )
+        )
+        assert wrong.code() == grpc.StatusCode.NOT_FOUND
+        removed = await stub.DeleteDocument(
+            ragline_pb2.DeleteDocumentRequest(doc_id="scratch", collection="team-a"),
+            timeout=30,
+            metadata=admin,
+        )
+        assert removed.chunks_removed >= 1
+
+
+async def test_serving_beyond_loopback_without_tokens_is_refused(tmp_path, redis_url) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.host = "0.0.0.0"
+    with pytest.raises(ValueError, match="without authentication"):
+        await start_server(settings)
+    settings.server.host = "127.0.0.1"
+    settings.server.internal_port = 0
+    settings.server.internal_host = "::"
+    with pytest.raises(ValueError, match="without authentication"):
+        await start_server(settings)
+
+
+# -- server-side paths ----------------------------------------------------------------------
+async def test_the_server_reads_only_files_under_its_roots(server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    channel, stub = _stub(server.port)
+    async with channel:
+        denied = await _error(
+            stub.Ingest(ragline_pb2.IngestRequest(paths=["/etc/shadow"]), timeout=30)
+        )
+        missing = await _error(
+            stub.Ingest(ragline_pb2.IngestRequest(paths=[str(tmp_path / "no.pdf")]), timeout=30)
+        )
+        assert denied.code() == missing.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert denied.details().endswith(missing.details().split(": ", 2)[-1])
+
+
+async def test_server_side_paths_are_off_by_default(server, tmp_path, redis_url) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings(tmp_path, redis_url)
+    settings.ingest.path_roots = ""
+    running = await serve_beside(settings, server)
+    pdf = write_pdf(tmp_path / "a.pdf", ["Any page."])
+    try:
+        channel, stub = _stub(running.port)
+        async with channel:
+            denied = await _error(
+                stub.Ingest(ragline_pb2.IngestRequest(paths=[str(pdf)]), timeout=30)
+            )
+        assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "upload" in (denied.details() or "")
+    finally:
+        await stop_beside(running)
+
+
+async def test_hits_carry_no_server_paths_unless_configured(  # type: ignore[no-untyped-def]
+    server, tmp_path, redis_url
+) -> None:
+    request = ragline_pb2.RetrieveRequest(query="frobnicator environment variable", k=3)
+    channel, stub = _stub(server.port)
+    async with channel:
+        hidden = await stub.Retrieve(request, timeout=30)
+    assert hidden.hits and all(h.chunk.path == "" for h in hidden.hits)
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.expose_paths = True
+    running = await serve_beside(settings, server)
+    try:
+        channel, stub = _stub(running.port)
+        async with channel:
+            shown = await stub.Retrieve(request, timeout=30)
+        assert shown.hits[0].chunk.path.endswith("frob-manual.pdf")
+    finally:
+        await stop_beside(running)
+
+
+# -- bounded requests -----------------------------------------------------------------------
+async def test_internal_stage_services_get_the_public_bounds(server) -> None:  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as channel:
+        generator = stages_pb2_grpc.GeneratorServiceStub(channel)
+        credibility = stages_pb2_grpc.CredibilityServiceStub(channel)
+        passage = common_pb2.Hit(
+            chunk=common_pb2.Chunk(chunk_id="c", doc_id="d", text="Some text.", pages=[1])
+        )
+        huge = await _error(
+            generator.Generate(
+                stages_pb2.GenerateRequest(query="why " * 25_000, evidence=[passage]), timeout=10
+            )
+        )
+        assert huge.code() == grpc.StatusCode.INVALID_ARGUMENT
+        no_pages = common_pb2.Hit(chunk=common_pb2.Chunk(chunk_id="c", doc_id="d", text="x"))
+        for call in (
+            generator.Generate(stages_pb2.GenerateRequest(query="q", evidence=[no_pages])),
+            credibility.Score(stages_pb2.ScoreRequest(query="q", hits=[no_pages])),
+        ):
+            bad = await _error(call)
+            assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "pages" in (bad.details() or "") and "Error" not in (bad.details() or "")
+        many = await _error(
+            credibility.Score(stages_pb2.ScoreRequest(query="q", hits=[passage] * 500))
+        )
+        assert many.code() == grpc.StatusCode.INVALID_ARGUMENT
+        tokens = await _error(
+            generator.Generate(
+                stages_pb2.GenerateRequest(query="q", evidence=[passage], max_new_tokens=10**9)
+            )
+        )
+        assert tokens.code() == grpc.StatusCode.INVALID_ARGUMENT
+    channel, stub = _stub(server.port)
+    async with channel:
+        public = await _error(
+            stub.Answer(ragline_pb2.AnswerRequest(query="frobctl", max_new_tokens=10**9))
+        )
+        assert public.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_new_tokens" in (public.details() or "")
+
+
+async def test_the_threshold_means_one_thing_whichever_filter_runs(server) -> None:  # type: ignore[no-untyped-def]
+    """On the SPLADE score floor a request's threshold is a probability too: it cannot lower
+    the floor and let an off-topic question through."""
+    channel, stub = _stub(server.port)
+    async with channel:
+        low = await _error(
+            stub.Answer(ragline_pb2.AnswerRequest(query="frobctl", threshold=0.2), timeout=30)
+        )
+        assert low.code() == grpc.StatusCode.INVALID_ARGUMENT
+        reply = await stub.Answer(
+            ragline_pb2.AnswerRequest(query="What is the capital of Mongolia?", threshold=0.9),
+            timeout=60,
+        )
+        assert reply.insufficient and reply.reason == "no_evidence"
+
+
+async def test_answers_cannot_lock_retrieval_out(server, tmp_path, redis_url) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.max_concurrent_answers = 1
+    settings.server.max_concurrent_rpcs = 4
+    running = await serve_beside(settings, server)
+    try:
+        channel, stub = _stub(running.port)
+        async with channel:
+            question = ragline_pb2.AnswerRequest(
+                query="How many concurrent connections does the frobnicator accept?"
+            )
+            answers = [stub.Answer(question, timeout=120) for _ in range(6)]
+            retrieves = [
+                stub.Retrieve(ragline_pb2.RetrieveRequest(query="frobctl install"), timeout=30)
+                for _ in range(4)
+            ]
+            results = await asyncio.gather(*answers, *retrieves, return_exceptions=True)
+        answered, retrieved = results[:6], results[6:]
+        busy = [r for r in answered if isinstance(r, grpc.aio.AioRpcError)]
+        assert busy and all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in busy)
+        assert len(busy) < len(answered)
+        assert all(isinstance(r, ragline_pb2.RetrieveResponse) for r in retrieved), retrieved
+    finally:
+        await stop_beside(running)
+
+
+# -- TLS ------------------------------------------------------------------------------------
+async def test_tls_for_clients_and_mutual_tls_between_services(  # type: ignore[no-untyped-def]
+    server, tokens, tmp_path, redis_url
+) -> None:
+    certs = make_certs(tmp_path / "pki")
+    settings = make_settings(tmp_path / "stage", redis_url)
+    settings.server.auth_tokens = tokens["config"]
+    settings.server.tls_cert_file = certs.server.cert
+    settings.server.tls_key_file = certs.server.key
+    settings.server.tls_client_ca_file = certs.ca_cert
+    settings.server.internal_port = 0
+    stage = await serve_beside(settings, server)
+    # a gateway whose evidence filter is that server's CredibilityService, over mTLS
+    gateway_settings = make_settings(tmp_path / "gw", redis_url)
+    gateway_settings.credibility.address = f"localhost:{stage.internal_port}"
+    gateway_settings.server.tls_ca_file = certs.ca_cert
+    gateway_settings.server.tls_client_cert_file = certs.client.cert
+    gateway_settings.server.tls_client_key_file = certs.client.key
+    gateway_settings.server.token = tokens["admin"]
+    gateway = await serve_beside(gateway_settings, server)
+    try:
+        client = Settings().server
+        client.tls_ca_file, client.token = certs.ca_cert, tokens["reader_all"]
+        async with open_channel(client, f"localhost:{stage.port}", aio=True) as channel:
+            stub = ragline_pb2_grpc.RaglineStub(channel)
+            found = await stub.Retrieve(
+                ragline_pb2.RetrieveRequest(query="frobctl install"),
+                timeout=30,
+                metadata=bearer_metadata(client.token),
+            )
+            assert found.hits
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{stage.port}") as plain:
+            refused = await _error(
+                ragline_pb2_grpc.RaglineStub(plain).Retrieve(
+                    ragline_pb2.RetrieveRequest(query="frobctl install"), timeout=10
+                )
+            )
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE
+        scored = await gateway.gateway.retrieve("frobctl install", 3, score_evidence=True)
+        assert all("credibility" in h.stage_scores for h in scored.hits)
+        # a caller of the internal port without a client certificate is refused
+        client.tls_client_cert_file = client.tls_client_key_file = None
+        async with open_channel(client, f"localhost:{stage.internal_port}", aio=True) as ch:
+            stub_stage = stages_pb2_grpc.CredibilityServiceStub(ch)
+            refused = await _error(stub_stage.Score(stages_pb2.ScoreRequest(query="q"), timeout=10))
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await stop_beside(gateway)
+        await stop_beside(stage)
+
+
+# -- the index another process writes ---------------------------------------------------------
+async def test_a_running_server_sees_what_the_cli_ingested(  # type: ignore[no-untyped-def]
+    server, tmp_path: Path, redis_url, encoder, dense_encoder
+) -> None:
+    from ingest.batch import run_batch
+
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.reload_interval_s = 0.2
+    running = await _own_store_server(settings, server, encoder, dense_encoder)
+    try:
+        pdf = write_pdf(tmp_path / "pdfs" / "orrery.pdf", ["The brass orrery turns 9 planets."])
+        # as `ragline ingest` does: its own store over the same folder, in another thread
+        writer = IndexStore(settings.retriever.index_dir, encoder, dense_encoder=dense_encoder)
+        await asyncio.to_thread(writer.load)
+        await asyncio.to_thread(run_batch, [str(pdf)], writer, progress=False)
+        for _ in range(100):
+            if running.gateway.store.view.generation == writer.view.generation:
+                break
+            await asyncio.sleep(0.1)
+        found = await running.gateway.retrieve("brass orrery planets", 1)
+        assert found.hits and found.hits[0].chunk.doc_id == "orrery"
+    finally:
+        await stop_beside(running)
+
+
+# -- uploads and names ----------------------------------------------------------------------
+async def test_uploads_go_through_the_same_name_guard(secured, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    channel, stub = _stub(secured.port)
+    admin = bearer_metadata(tokens["admin"])
+    first = write_pdf(tmp_path / "one" / "twin.pdf", ["The first twin manual covers pumps."])
+    second = write_pdf(tmp_path / "two" / "twin.pdf", ["The second twin manual covers fans."])
+    on_disk = write_pdf(tmp_path / "disk" / "lathe.pdf", ["The lathe spins at 300 rpm."])
+    async with channel:
+        both = await stub.Ingest(
+            ragline_pb2.IngestRequest(
+                documents=[
+                    ragline_pb2.Document(name="twin.pdf", content=first.read_bytes()),
+                    ragline_pb2.Document(name="twin.pdf", content=second.read_bytes()),
+                ]
+            ),
+            timeout=60,
+            metadata=admin,
+        )
+        statuses = [r.status for r in both.results]
+        status = ragline_pb2.IngestFileResult
+        assert statuses == [status.INGESTED, status.FAILED]
+        await stub.Ingest(
+            ragline_pb2.IngestRequest(paths=[str(on_disk)]), timeout=60, metadata=admin
+        )
+        upload = ragline_pb2.Document(name="lathe.pdf", content=second.read_bytes())
+        refused = await stub.Ingest(
+            ragline_pb2.IngestRequest(documents=[upload]), timeout=60, metadata=admin
+        )
+        assert refused.results[0].status == ragline_pb2.IngestFileResult.FAILED
+        forced = await stub.Ingest(
+            ragline_pb2.IngestRequest(documents=[upload], replace_other_paths=True),
+            timeout=60,
+            metadata=admin,
+        )
+        assert forced.results[0].status == ragline_pb2.IngestFileResult.REPLACED
+
+
+async def test_a_file_name_that_is_not_utf8_breaks_nothing(secured, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "latin1"
+    good = write_pdf(folder / "plain.pdf", ["A plain name: the winch hauls 2 tonnes."])
+    odd = os.path.join(os.fsencode(folder), b"caf\xe9-menu.pdf")
+    with open(odd, "wb") as fh:
+        fh.write(write_pdf(tmp_path / "menu.pdf", ["The cafe menu lists espresso."]).read_bytes())
+    channel, stub = _stub(secured.port)
+    admin = bearer_metadata(tokens["admin"])
+    async with channel:
+        report = await stub.Ingest(
+            ragline_pb2.IngestRequest(paths=[str(folder)]), timeout=120, metadata=admin
+        )
+        by_status = {r.doc_id: r.status for r in report.results}
+        assert by_status["plain"] == ragline_pb2.IngestFileResult.INGESTED
+        assert len(by_status) == 2  # the odd name is reported (ingested or failed), readably
+        # and the server is not left broken: later writes still work
+        removed = await stub.DeleteDocument(
+            ragline_pb2.DeleteDocumentRequest(doc_id="plain"), timeout=30, metadata=admin
+        )
+        assert removed.chunks_removed >= 1
+        again = await stub.Ingest(
+            ragline_pb2.IngestRequest(paths=[str(good)]), timeout=60, metadata=admin
+        )
+        assert again.results[0].status == ragline_pb2.IngestFileResult.INGESTED
+
+
+async def test_the_cli_sends_its_token(secured, tokens) -> None:  # type: ignore[no-untyped-def]
+    async def stats(token: str) -> subprocess.CompletedProcess[str]:
+        # in a thread: the server answers on this test's event loop
+        return await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "services.cli", "stats", f"--target=127.0.0.1:{secured.port}"],
+            cwd=ROOT,
+            env=dict(os.environ, RAGLINE_SERVER_TOKEN=token),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    ok = await stats(tokens["reader_all"])
+    assert ok.returncode == 0, ok.stderr
+    assert '"chunks"' in ok.stdout
+    refused = await stats("rgl_wrong")
+    assert refused.returncode == 2
+    assert "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr

@@ -1,0 +1,72 @@
+"""File names that are not UTF-8, paths that do not exist, uploads that share a name: the pure
+parts of ingest (no index, no model)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ingest.batch import FileResult, IngestReport, duplicate_uploads, expand_paths
+from ingest.pdf import doc_id_for, read_pdf, utf8_name
+from tests.conftest import MANUAL_PAGES
+
+pytestmark = pytest.mark.unit
+
+LATIN1 = os.fsdecode(b"caf\xe9.pdf")  # how Python holds a Latin-1 name on a UTF-8 system
+
+
+def test_utf8_name_escapes_undecodable_bytes_and_keeps_the_rest() -> None:
+    assert utf8_name(LATIN1) == "caf\\xe9.pdf"
+    assert utf8_name(Path("/docs") / LATIN1) == "/docs/caf\\xe9.pdf"
+    assert utf8_name(os.fsdecode(b"caf\xe8.pdf")) != utf8_name(LATIN1)  # stay distinct
+    assert utf8_name("café — notes.pdf") == "café — notes.pdf"
+    assert utf8_name("odd\ud800.pdf") == "odd\\ud800.pdf"  # any other lone surrogate
+    assert utf8_name(utf8_name(LATIN1)) == utf8_name(LATIN1)
+    assert doc_id_for(LATIN1) == "caf\\xe9"
+
+
+def test_read_pdf_reports_an_undecodable_name_as_utf8(make_pdf: Callable[..., Path]) -> None:
+    data = make_pdf("any.pdf", MANUAL_PAGES[:1]).read_bytes()
+    doc = read_pdf(data, LATIN1)
+    assert doc.doc_id == "caf\\xe9" and doc.source == "caf\\xe9.pdf"
+
+
+def test_a_report_with_undecodable_names_is_valid_utf8_json(tmp_path: Path) -> None:
+    result = FileResult(LATIN1, "caf\udce9", "failed", reason=f"{LATIN1}: not a PDF")
+    assert (result.source, result.doc_id) == ("caf\\xe9.pdf", "caf\\xe9")
+    IngestReport([result]).write_json(tmp_path / "report.json")
+    written = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))["files"][0]
+    assert written["source"] == "caf\\xe9.pdf" and written["reason"] == "caf\\xe9.pdf: not a PDF"
+
+
+def test_expand_paths_keeps_a_missing_path_in_place_and_warns_of_an_empty_folder(
+    tmp_path: Path, make_pdf: Callable[..., Path]
+) -> None:
+    first, last = make_pdf("a.pdf", ["one"]), make_pdf("d/z.pdf", ["two"])
+    (tmp_path / "d" / "notes.txt").write_text("not a pdf")
+    (tmp_path / "empty").mkdir()
+    warnings: list[str] = []
+    entries = expand_paths(
+        [first, tmp_path / "missing.pdf", tmp_path / "empty", tmp_path / "d"], warnings
+    )
+    assert entries[0] == first and entries[2] == last and len(entries) == 3
+    missing = entries[1]
+    assert isinstance(missing, FileResult) and missing.status == "failed"
+    assert missing.source == str(tmp_path / "missing.pdf")
+    assert missing.reason == "no such file or directory"
+    assert warnings == [f"{tmp_path / 'empty'}: no PDF files in this folder"]
+
+
+def test_duplicate_uploads_refuses_the_later_of_two_names() -> None:
+    earlier = [FileResult("/srv/docs/guide.pdf", "guide", "ingested")]
+    names = ["manual.pdf", "notes.pdf", "team/manual.pdf", "guide.pdf", "", "notes.PDF"]
+    refused = duplicate_uploads(names, earlier)
+    assert sorted(refused) == [2, 3, 5]
+    assert refused[2].doc_id == "manual" and refused[2].status == "failed"
+    assert "already used by manual.pdf in this request" in refused[2].reason
+    assert "already used by /srv/docs/guide.pdf" in refused[3].reason
+    assert duplicate_uploads(["a.pdf", "b.pdf"]) == {}
