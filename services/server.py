@@ -107,6 +107,18 @@ def build_text_backend(settings: Settings) -> TextBackend:
             kv_cache_gib=g.vllm_kv_cache_gib,
             threads=settings.server.threads,
         )
+    if kind == "llamacpp":
+        from generator.llamacpp_backend import LlamaCppBackend
+
+        return LlamaCppBackend(
+            g.model,
+            threads=g.llamacpp_threads,
+            context_tokens=g.llamacpp_context_tokens,
+            parallel=g.llamacpp_parallel,
+            max_queue=g.llamacpp_max_queue,
+            batch_tokens=g.llamacpp_batch_tokens,
+            cache_ram_mib=g.llamacpp_cache_ram_mib,
+        )
     if kind == "openai":
         from generator.openai_backend import OpenAIBackend
 

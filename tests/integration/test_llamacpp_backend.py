@@ -1,0 +1,193 @@
+"""The real llama.cpp backend (xllamacpp) on the packaged SmolLM2 GGUF: streaming, prompt reuse,
+cancellation while generating and while reading the prompt, the bounded queue, and the same
+bound through the gRPC GeneratorService as RESOURCE_EXHAUSTED with RetryInfo."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from generator.assemble import QWEN_CODER_1_5B, is_assembled
+from generator.llamacpp_backend import GenerationRecord, LlamaCppBackend
+from generator.models import PACKAGED_QWEN_CODER_1_5B, PACKAGED_SMOLLM2
+from generator.prompt import SYSTEM_PROMPT
+from ragline.errors import ResourceExhausted
+from ragline.v1 import common_pb2, stages_pb2, stages_pb2_grpc
+from retriever.splade import SpladeEncoder
+from retriever.store import IndexStore
+from services.server import build_gateway, start_server
+from tests.conftest import make_settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
+
+
+def rag_messages(question: str) -> list[dict[str, str]]:
+    passages = (
+        "[1] The frobnicator accepts at most 512 concurrent connections; beyond that it "
+        "answers with a busy status.\n\n[2] The environment variable FROB_HOME gives the "
+        "location of the site configuration file."
+    )
+    user = f"Passages:\n{passages}\n\nQuestion: {question}"
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def backend() -> AsyncIterator[LlamaCppBackend]:
+    # One slot and one waiter at most; small prompt batches so a cancel lands quickly.
+    llama = LlamaCppBackend(PACKAGED_SMOLLM2, threads=2, parallel=1, max_queue=1, batch_tokens=64)
+    await asyncio.to_thread(llama.warm_up)
+    yield llama
+    llama.close()
+
+
+async def finished(backend: LlamaCppBackend, before: int) -> GenerationRecord:
+    """The record of the next request to end after ``before`` records (written once llama.cpp
+    has let go of it)."""
+    await until(lambda: len(backend.recent) > before)
+    return backend.recent[-1]
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
+async def test_it_streams_deltas_and_reuses_the_system_prompt(backend: LlamaCppBackend) -> None:
+    first = [d async for d in backend.stream(rag_messages("How many connections?"), 24)]
+    assert len(first) > 1 and "".join(first).strip()
+    record = backend.recent[-1]
+    assert not record.stopped and record.deltas == len(first)
+    assert record.generated_tokens and record.generated_tokens <= 24
+    again = [d async for d in backend.stream(rag_messages("Where is the site file?"), 24)]
+    assert "".join(again).strip()
+    # The second prompt shares the system prompt and the first passages with the first one:
+    # llama.cpp computes only what differs.
+    reused = backend.recent[-1]
+    assert reused.cached_tokens is not None and reused.prompt_tokens is not None
+    assert reused.cached_tokens > reused.prompt_tokens
+    assert backend.admission.running == 0
+
+
+async def test_closing_the_stream_stops_generation(backend: LlamaCppBackend) -> None:
+    before = len(backend.recent)
+    stream = backend.stream(STORY, 400)
+    got = [await anext(stream) for _ in range(3)]
+    await stream.aclose()
+    record = await finished(backend, before)
+    assert record.stopped and record.deltas >= len(got)
+    assert record.deltas < 100  # llama.cpp stopped at the next token, far from 400
+    assert backend.admission.running == 0
+
+
+async def test_a_cancelled_request_stops_while_reading_its_prompt(
+    backend: LlamaCppBackend,
+) -> None:
+    # ~2,000 prompt tokens read 64 at a time: the cancel lands long before the first token.
+    facts = " ".join(f"Fact {i}: the value of item {i} is {i * 7}." for i in range(150))
+    messages = [{"role": "user", "content": facts + "\nWhat is the value of item 5?"}]
+    before = len(backend.recent)
+
+    async def first_delta() -> str:
+        return await anext(backend.stream(messages, 16))
+
+    consumer = asyncio.create_task(first_delta())
+    await until(lambda: any(r.prompt_processed > 0 for r in list(backend._active)))
+    consumer.cancel()  # as a passed deadline or a gone client does
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    record = await finished(backend, before)
+    assert record.stopped and record.deltas == 0
+    assert 0 < record.prompt_processed < record.prompt_total
+
+
+async def test_beyond_the_queue_bound_requests_are_refused(backend: LlamaCppBackend) -> None:
+    await backend.admission.acquire()  # the one slot is busy
+    try:
+        waiting = asyncio.create_task(_collect(backend, rag_messages("How many connections?")))
+        await until(lambda: backend.admission.waiting == 1)
+        with pytest.raises(ResourceExhausted) as refused:
+            await _collect(backend, rag_messages("Where is the site file?"))
+        assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
+    finally:
+        backend.admission.release()
+    assert (await waiting).strip()  # the waiter is served once the slot frees
+
+
+async def _collect(backend: LlamaCppBackend, messages: list[dict[str, str]]) -> str:
+    return "".join([d async for d in backend.stream(messages, 16)])
+
+
+async def test_grpc_callers_get_resource_exhausted_with_retry_info(
+    tmp_path: Path, redis_url: str, encoder: SpladeEncoder
+) -> None:
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.internal_port = 0
+    settings.generator.backend = "llamacpp"
+    settings.generator.llamacpp_max_queue = 0  # nobody waits: busy means refused
+    gateway = build_gateway(settings, IndexStore(settings.retriever.index_dir, encoder))
+    running = await start_server(settings, gateway)
+    llama = gateway.generator.backend
+    assert isinstance(llama, LlamaCppBackend)
+    passage = common_pb2.Hit(
+        chunk=common_pb2.Chunk(
+            chunk_id="c1",
+            doc_id="frob-manual",
+            text="The frobnicator accepts at most 512 concurrent connections.",
+            pages=[4],
+        ),
+        score=1.0,
+    )
+    request = stages_pb2.GenerateRequest(
+        query="How many concurrent connections does the frobnicator accept?", evidence=[passage]
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.internal_port}") as channel:
+            stub = stages_pb2_grpc.GeneratorServiceStub(channel)
+            events = [e async for e in stub.GenerateStream(request, timeout=120)]
+            assert any(e.HasField("delta") for e in events) and events[-1].HasField("final")
+            await llama.admission.acquire()  # a request in progress
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Generate(request, timeout=30)
+            finally:
+                llama.admission.release()
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            status = rpc_status.from_call(refused.value)
+            assert status is not None
+            retry = error_details_pb2.RetryInfo()
+            assert any(d.Unpack(retry) for d in status.details)
+            assert retry.retry_delay.seconds >= 1
+    finally:
+        await running.stop(0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not is_assembled(QWEN_CODER_1_5B), reason="Qwen2.5-Coder-1.5B GGUF not assembled"
+)
+async def test_qwen_1_5b_answers_a_toy_question_from_its_passage() -> None:
+    qwen = LlamaCppBackend(PACKAGED_QWEN_CODER_1_5B, threads=2)
+    await asyncio.to_thread(qwen.warm_up)
+    try:
+        passages = (
+            "[1] The harbour ferry to Lindholm leaves every 40 minutes from pier 7 and the "
+            "crossing takes 12 minutes.\n\n[2] Bicycles ride free on weekdays before 7 am."
+        )
+        question = "From which pier does the Lindholm ferry leave?"
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Passages:\n{passages}\n\nQuestion: {question}"},
+        ]
+        answer = "".join([d async for d in qwen.stream(messages, 48)])
+        assert "7" in answer and "[1]" in answer
+    finally:
+        qwen.close()
