@@ -6,7 +6,7 @@ FULL ?= 0
 CORPUS ?= data/corpus
 PORT ?= 50051
 
-.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-ingest bench-generate clean
+.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-ingest bench-generate bench-security clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~5 min), serve on :$(PORT)
@@ -77,6 +77,10 @@ bench-ingest: setup
 ## bench-retrieval: every backend and mode on var/index, the cache over gRPC, synthetic 100k
 bench-retrieval: setup redis
 	$(BIN)/python bench/retrieval.py
+
+## bench-security: Retrieve over gRPC without auth, with tokens, with TLS (var/index)
+bench-security: setup redis
+	$(BIN)/python bench/security.py
 
 clean:
 	rm -rf var build *.egg-info .mypy_cache .ruff_cache .pytest_cache
