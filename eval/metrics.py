@@ -109,6 +109,20 @@ def precision_recall_curve(rows: Sequence[dict], points: int = 25) -> list[dict[
 
 
 def answer_metrics(rows: Sequence[dict]) -> dict[str, float | None] | None:
+    """Answer figures over the questions asked (rows with an answer). An answer is *given*
+    when it is not INSUFFICIENT_INFO; it is *correct* when the question is answerable and a
+    gold answer occurs in it (``eval.questions.answer_matches``: whole words, citation markers
+    removed); every other given answer is *wrong*.
+
+    - ``accuracy_answerable``: correct / answerable questions;
+    - ``abstain_rate_answerable``: INSUFFICIENT_INFO / answerable questions;
+    - ``insufficient_rate_unanswerable``: INSUFFICIENT_INFO / unanswerable questions;
+    - ``answered_precision``: correct / answers given (None when none was given);
+    - ``hallucination_rate`` (= ``wrong_per_question``): wrong answers / all questions;
+    - ``wrong_per_answer``: wrong answers / answers given;
+    - ``citation_correctness``: answers to answerable questions whose cited passages hold a
+      gold answer / those answers.
+    """
     answered_rows = [r for r in rows if "insufficient" in r]
     if not answered_rows:
         return None
@@ -116,11 +130,15 @@ def answer_metrics(rows: Sequence[dict]) -> dict[str, float | None] | None:
     unanswerable = [r for r in answered_rows if not r["answerable"]]
     given = [r for r in answered_rows if not r["insufficient"]]
     wrong_given = [r for r in given if not r["answerable"] or not r["correct"]]
+    wrong_per_question = len(wrong_given) / len(answered_rows)
     return {
         "accuracy_answerable": _mean([float(r["correct"]) for r in answerable]),
         "abstain_rate_answerable": _mean([float(r["insufficient"]) for r in answerable]),
         "insufficient_rate_unanswerable": _mean([float(r["insufficient"]) for r in unanswerable]),
-        "hallucination_rate": len(wrong_given) / len(answered_rows),
+        "answered_precision": _mean([float(r["answerable"] and r["correct"]) for r in given]),
+        "hallucination_rate": wrong_per_question,
+        "wrong_per_question": wrong_per_question,
+        "wrong_per_answer": len(wrong_given) / len(given) if given else None,
         "citation_correctness": _mean(
             [float(r["citation_correct"]) for r in given if r["answerable"]]
         ),

@@ -55,14 +55,31 @@ def normalize_text(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+_CITATION = re.compile(r"\[\s*\d+(?:\s*[,;-]\s*\d+)*\s*\]")
+"""A citation marker: ``[2]``, ``[1, 3]``, ``[2-4]``."""
+
+
+def strip_citations(answer: str) -> str:
+    """The answer's text without its citation markers: gold "4" must not match ``[4]``."""
+    return _CITATION.sub(" ", answer)
+
+
+def occurs(part: str, text: str) -> bool:
+    """Whether ``part`` occurs in ``text`` as whole words: gold "raw" is not in "draw", and a
+    number is not part of a longer one ("4" is not in "4.5", "14" or "2,400")."""
+    if not part:
+        return False
+    pattern = r"(?<![\w])(?<!\d[.,])" + re.escape(part) + r"(?![\w])(?![.,]\d)"
+    return re.search(pattern, text) is not None
+
+
 def answer_matches(answer: str, golds: Iterable[str]) -> bool:
-    """True when a gold answer occurs in the answer; ``a; b`` golds need every part."""
-    text = normalize_text(answer)
+    """Strict judging: a gold answer occurs, as whole words, in the answer's text without its
+    citation markers (case, quotes and whitespace folded); ``a; b`` golds need every part."""
+    text = normalize_text(strip_citations(answer))
     for gold in golds:
-        parts = (
-            [normalize_text(p) for p in gold.split(";")] if ";" in gold else [normalize_text(gold)]
-        )
-        if all(p and p in text for p in parts):
+        parts = [normalize_text(p) for p in gold.split(";")]
+        if all(occurs(p, text) for p in parts):
             return True
     return False
 

@@ -77,13 +77,15 @@ def summary_table(report: dict[str, Any]) -> str:
         ("answers", "accuracy_answerable"),
         ("answers", "abstain_rate_answerable"),
         ("answers", "insufficient_rate_unanswerable"),
+        ("answers", "answered_precision"),
         ("answers", "hallucination_rate"),
+        ("answers", "wrong_per_answer"),
     ]
     header = (
         "| slice | n | R@10 | MRR@10 | nDCG@10 | accuracy | abstain | INSUFF. (unans.) "
-        "| hallucination |"
+        "| answered precision | wrong / question | wrong / answer |"
     )
-    lines = [header, "|" + "---|" * 9]
+    lines = [header, "|" + "---|" * 11]
     slices = [("all", report["counts"]["questions"], report)]
     slices += [(k, v["questions"], v) for k, v in report["by_type"].items()]
     for name, n, section in slices:

@@ -102,7 +102,10 @@ def test_answer_and_credibility_metrics() -> None:
         "accuracy_answerable": 0.5,
         "abstain_rate_answerable": 0.5,
         "insufficient_rate_unanswerable": 0.5,
+        "answered_precision": 0.5,  # two answers given, one right
         "hallucination_rate": 0.25,
+        "wrong_per_question": 0.25,  # one wrong answer over four questions
+        "wrong_per_answer": 0.5,
         "citation_correctness": 1.0,
     }
     c = credibility_metrics(rows, threshold=8.0)
@@ -116,6 +119,21 @@ def test_answer_matching_folds_case_quotes_and_needs_every_multi_hop_part() -> N
     assert answer_matches("Use ‘READ.FWF’ here", ["'read.fwf'"])
     assert answer_matches("350 words and 7 figures", ["350; 7 figures"])
     assert not answer_matches("350 words", ["350; 7 figures"])
+
+
+def test_answers_are_judged_strictly_without_citations_and_by_whole_words() -> None:
+    # a citation marker is not an answer
+    assert not answer_matches("The default is unset [4].", ["4"])
+    assert not answer_matches("See [1, 4] and [2-4].", ["4"])
+    assert answer_matches("It retries 4 times [2].", ["4"])
+    # whole words and whole numbers only
+    assert not answer_matches("Use draw() for plots.", ["raw"])
+    assert answer_matches("Set raw = TRUE.", ["raw"])
+    assert not answer_matches("Version 4.5 added it.", ["4"])
+    assert not answer_matches("It took 14 seconds.", ["4"])
+    assert answer_matches("Call read.fwf(file, widths).", ["read.fwf"])
+    assert answer_matches("About 2,400 pages.", ["2,400"])
+    assert not answer_matches("About 2,400 pages.", ["400"])
 
 
 def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
