@@ -300,7 +300,7 @@ class IndexStore:
         last read or wrote the folder; True when one was loaded. Cheap when there is none: the
         lock is taken only once ``CURRENT`` names a newer generation."""
         known = self._view.generation if self._view else 0
-        if self._disk_generation() <= known:
+        if self._disk_generation() <= known and not self._stale:
             return False
         with self._writer():  # entering it loads the newer snapshot, under the writers' lock
             pass

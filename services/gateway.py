@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from credibility.filter import EvidenceFilter
 from generator.core import AnswerGenerator
@@ -37,6 +38,25 @@ def _taken(source: str) -> FileResult:
     doc_id = doc_id_for(source)
     reason = f"document id {doc_id!r} is taken by a document you cannot change: rename the file"
     return FileResult(source, doc_id, "failed", reason=reason)
+
+
+MAX_NAME_CHARS = 255
+"""Longest upload name (and document id): ids are written into every chunk of the snapshot."""
+MAX_UPLOADS = 1000
+"""Most documents one Ingest request may upload."""
+
+
+def check_uploads(documents: Sequence[tuple[str, bytes]]) -> None:
+    """Bound what an Ingest request uploads: how many, and names that are short, printable
+    file names (a name becomes the document id, the report's text and a log field)."""
+    if len(documents) > MAX_UPLOADS:
+        raise InvalidArgument.for_field("documents", f"at most {MAX_UPLOADS} per request")
+    for index, (name, _) in enumerate(documents):
+        if not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable() or "/" in name:
+            raise InvalidArgument.for_field(
+                f"documents[{index}].name",
+                f"must be a file name of 1-{MAX_NAME_CHARS} printable characters, no '/'",
+            )
 
 
 def check_collection(name: str) -> str:
@@ -327,6 +347,11 @@ class Gateway:
             raise NotFound(f"no document with id(s) {other}")
         return out
 
+    def counts(self, collections: frozenset[str]) -> tuple[int, int]:
+        """(documents, chunks) in these collections."""
+        chunks = [c for c in self.store.view.chunks if c.collection in collections]
+        return len({c.doc_id for c in chunks}), len(chunks)
+
     def _collections(self) -> frozenset[str]:
         """The collections that hold documents, computed once per index generation."""
         view = self.store.view
@@ -351,10 +376,29 @@ class Gateway:
         if not paths and not documents:
             raise InvalidArgument.for_field("paths", "give at least one path or document")
         collection = check_collection(collection)
-        files = self.path_policy.files(paths)
+        check_uploads(documents)
+        files = await asyncio.to_thread(self.path_policy.files, paths)  # walks folders
         if paths and not files:
             raise InvalidArgument.for_field("paths", "no PDF files under the paths given")
         started = time.perf_counter()
+        # Shielded: a caller that goes away (cancel, deadline) must not release the lock while
+        # the worker thread still writes; the next write waits for this one to end.
+        report = await asyncio.shield(
+            asyncio.ensure_future(
+                self._ingest_locked(files, documents, collection, replace_other_paths, allowed)
+            )
+        )
+        report.seconds = time.perf_counter() - started
+        return report
+
+    async def _ingest_locked(
+        self,
+        files: list[Path],
+        documents: Sequence[tuple[str, bytes]],
+        collection: str,
+        replace_other_paths: bool,
+        allowed: frozenset[str] | None,
+    ) -> IngestReport:
         async with self._ingest_lock:
             report = IngestReport()
             foreign = [f for f in files if self._foreign(f.name, allowed)]
@@ -376,7 +420,6 @@ class Gateway:
             report.results += await self._ingest_uploads(
                 documents, collection, replace_other_paths, report.results, allowed
             )
-        report.seconds = time.perf_counter() - started
         return report
 
     async def _ingest_uploads(
@@ -425,15 +468,26 @@ class Gateway:
         """The collection a document is in (None: no such document)."""
         return self.store.collection_of(doc_id)
 
-    async def delete_document(self, doc_id: str, collection: str = "") -> int:
-        """Remove a document; with ``collection`` set, only from that collection (a document
-        of another collection is NOT_FOUND, as an unknown one)."""
-        if not doc_id.strip():
-            raise InvalidArgument.for_field("doc_id", "must not be empty")
-        async with self._ingest_lock:
-            if collection and self.store.collection_of(doc_id) != collection:
-                raise NotFound(f"no document with id {doc_id!r}")
-            return await asyncio.to_thread(self.store.delete, doc_id)
+    async def delete_document(
+        self, doc_id: str, collection: str = "", allowed: frozenset[str] | None = None
+    ) -> int:
+        """Remove a document; with ``collection`` set, only from that collection, and only
+        from the ``allowed`` collections (None: any). A document elsewhere is NOT_FOUND, as an
+        unknown one. Checked under the writers' lock, so an ingest moving the document cannot
+        slip in between; shielded like :meth:`ingest`."""
+        if not doc_id.strip() or len(doc_id) > MAX_NAME_CHARS:
+            raise InvalidArgument.for_field("doc_id", f"must be 1-{MAX_NAME_CHARS} characters")
+
+        async def locked() -> int:
+            async with self._ingest_lock:
+                held_by = self.store.collection_of(doc_id)
+                if (collection and held_by != collection) or (
+                    allowed is not None and held_by not in allowed
+                ):
+                    raise NotFound(f"no document with id {doc_id!r}")
+                return await asyncio.to_thread(self.store.delete, doc_id)
+
+        return await asyncio.shield(asyncio.ensure_future(locked()))
 
     async def refresh_index(self) -> bool:
         """Load a newer generation another process (``ragline ingest``) committed to the

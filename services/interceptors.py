@@ -116,7 +116,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 stream, handler.request_deserializer, handler.response_serializer
             )
-        return handler
+        # A kind this interceptor does not wrap would bypass authentication and limits:
+        # closed (UNIMPLEMENTED) until it is wrapped too.
+        logger.error("%s: client-streaming RPCs are not wrapped; refusing", method)
+        return None
 
 
 class _Call:

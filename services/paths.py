@@ -18,6 +18,8 @@ from pathlib import Path
 from ragline.errors import InvalidArgument, PermissionDenied
 
 _NOT_ALLOWED = "not found, or not under a folder this server reads from"
+MAX_ENTRIES = 100_000
+"""Folder entries one request may make the server look at (a huge tree is refused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +60,13 @@ class PathPolicy:
                 "instead (Ingest.documents), or ask the operator to set RAGLINE_INGEST_PATH_ROOTS"
             )
         out: list[Path] = []
+        budget = [MAX_ENTRIES]
         for index, raw in enumerate(paths):
             path = self._resolve(raw, index)
             if path is None:
                 raise PermissionDenied(f"paths[{index}]: {_render(raw)}: {_NOT_ALLOWED}")
-            out.extend(self._walk(path) if path.is_dir() else [path])
-        return out
+            out.extend(self._walk(path, budget) if path.is_dir() else [path])
+        return list(dict.fromkeys(out))  # a file reached twice (through a link) is read once
 
     def _resolve(self, raw: str, index: int) -> Path | None:
         """The resolved path when it exists under a root and is a folder or regular file."""
@@ -81,10 +84,19 @@ class PathPolicy:
     def _inside(self, path: Path) -> bool:
         return any(path == root or path.is_relative_to(root) for root in self.roots)
 
-    def _walk(self, folder: Path) -> list[Path]:
+    def _walk(self, folder: Path, budget: list[int]) -> list[Path]:
+        """The PDFs under a folder; ``budget`` counts down the entries looked at."""
         found: list[Path] = []
-        for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-            dirnames.sort()
+        try:
+            walk = list(os.walk(folder, followlinks=False))
+        except RecursionError:  # os.walk recurses: a tree deeper than ~1000 levels
+            raise InvalidArgument.for_field("paths", "folder tree too deep") from None
+        for dirpath, dirnames, filenames in walk:
+            budget[0] -= len(dirnames) + len(filenames)
+            if budget[0] < 0:
+                raise InvalidArgument.for_field(
+                    "paths", f"the folders hold more than {MAX_ENTRIES} entries: name fewer"
+                )
             for name in sorted(filenames):
                 if not name.lower().endswith(".pdf"):
                     continue

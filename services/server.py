@@ -299,6 +299,8 @@ def _add_port(
     """Bind ``address``: TLS when a certificate is configured, and on the internal port
     mutual TLS when a client CA is (clients of the public port are apps, not services)."""
     if settings.tls_cert_file is None and settings.tls_key_file is None:
+        if settings.tls_client_ca_file is not None:  # mTLS asked for, plaintext would follow
+            raise ValueError("TLS_CLIENT_CA_FILE needs TLS_CERT_FILE and TLS_KEY_FILE too")
         return server.add_insecure_port(address)
     if settings.tls_cert_file is None or settings.tls_key_file is None:
         raise ValueError("TLS: set both RAGLINE_SERVER_TLS_CERT_FILE and TLS_KEY_FILE")

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import grpc
 
-from ragline.errors import DeadlineExceeded
+from ragline.errors import DeadlineExceeded, PermissionDenied
 from ragline.types import Answer as DomainAnswer
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from services import convert
@@ -55,6 +55,12 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         principal = current_principal.get()
         if principal is not None:
             principal.require_ingest(request.collection)
+            if request.paths and principal.collections is not None:
+                # the roots are the server's, not a tenant's: a limited token uploads
+                raise PermissionDenied(
+                    f"token {principal.name!r} may not ingest server-side paths: upload the "
+                    "documents' bytes instead"
+                )
         docs = [(d.name, d.content) for d in request.documents]
         report = await self.gateway.ingest(
             list(request.paths),
@@ -111,15 +117,24 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
     async def DeleteDocument(self, request, context):  # noqa: N802
         principal = current_principal.get()
         if principal is not None:
-            # An unknown document has no collection: the store then answers NOT_FOUND.
-            collection = self.gateway.collection_of(request.doc_id) or ""
-            principal.require_delete(request.doc_id, collection)
-        removed = await self.gateway.delete_document(request.doc_id, request.collection)
+            principal.require("delete")
+        allowed = principal.collections if principal else None
+        removed = await self.gateway.delete_document(request.doc_id, request.collection, allowed)
         return ragline_pb2.DeleteDocumentResponse(
             chunks_removed=removed, index_generation=self.gateway.store.view.generation
         )
 
     async def GetStats(self, request, context):  # noqa: N802
+        principal = current_principal.get()
+        if principal is not None and principal.collections is not None:
+            # a token limited to some collections sees their size only, no server counters
+            documents, chunks = self.gateway.counts(principal.collections)
+            return ragline_pb2.GetStatsResponse(
+                documents=documents,
+                chunks=chunks,
+                index_generation=self.gateway.store.view.generation,
+                models=self.models,
+            )
         view = self.gateway.store.view
         counters = self.metrics.snapshot()
         cache = self.gateway.retriever.cache
@@ -156,7 +171,7 @@ class RetrieverServicer(stages_pb2_grpc.RetrieverServiceServicer):
         self.gateway = gateway
 
     async def Search(self, request, context):  # noqa: N802
-        options = convert.options_from_pb(request.options)
+        options = _scoped(self.gateway, convert.options_from_pb(request.options))
         result = await within_deadline(
             context, self.gateway.retrieve(request.query, request.k, request.bypass_cache, options)
         )

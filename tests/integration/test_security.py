@@ -42,6 +42,7 @@ def tokens() -> dict[str, str]:
         "reader_a": (["read"], ["team-a"]),
         "writer_a": (["ingest", "delete"], ["team-a"]),
         "reader_all": (["read"], ["*"]),
+        "internal_a": (["internal"], ["team-a"]),
     }
     out, entries = {}, []
     for role, (scopes, collections) in grants.items():
@@ -74,6 +75,7 @@ async def secured(
     """Tokens required; two collections, team-a and team-b, one document each."""
     settings = make_settings(tmp_path_factory.mktemp("secured"), redis_url)
     settings.server.auth_tokens = tokens["config"]
+    settings.server.internal_port = 0
     running = await _own_store_server(settings, server, encoder, dense_encoder)
     for collection, name, pages in (("team-a", "helio", TEAM_A), ("team-b", "cryo", TEAM_B)):
         pdf = write_pdf(tmp_path_factory.mktemp(collection) / f"{name}.pdf", pages)
@@ -523,3 +525,60 @@ async def test_the_cli_sends_its_token(secured, tokens) -> None:  # type: ignore
     refused = await stats("rgl_wrong")
     assert refused.returncode == 2
     assert "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr
+
+
+async def test_limits_hold_on_the_internal_port_and_for_limited_tokens(  # type: ignore[no-untyped-def]
+    secured, tokens, tmp_path
+) -> None:
+    query = "cryostat sample kelvin liquid helium"
+    internal = bearer_metadata(tokens["internal_a"])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{secured.internal_port}") as channel:
+        search = stages_pb2_grpc.RetrieverServiceStub(channel)
+        no_token = await _error(search.Search(stages_pb2.SearchRequest(query=query), timeout=30))
+        assert no_token.code() == grpc.StatusCode.UNAUTHENTICATED
+        found = await search.Search(
+            stages_pb2.SearchRequest(query=query), timeout=30, metadata=internal
+        )
+        assert found.hits and {h.chunk.collection for h in found.hits} == {"team-a"}
+    channel, stub = _stub(secured.port)
+    writer = bearer_metadata(tokens["writer_a"])
+    pdf = write_pdf(tmp_path / "mine.pdf", ["A page of team A's own."])
+    async with channel:
+        # server-side roots are the operator's, not a tenant's
+        paths = await _error(
+            stub.Ingest(
+                ragline_pb2.IngestRequest(paths=[str(pdf)], collection="team-a"),
+                timeout=30,
+                metadata=writer,
+            )
+        )
+        assert paths.code() == grpc.StatusCode.PERMISSION_DENIED
+        for name in ("x" * 300 + ".pdf", "two\nlines.pdf", "../up.pdf"):
+            upload = ragline_pb2.Document(name=name, content=pdf.read_bytes())
+            bad = await _error(
+                stub.Ingest(
+                    ragline_pb2.IngestRequest(documents=[upload], collection="team-a"),
+                    timeout=30,
+                    metadata=writer,
+                )
+            )
+            assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # a limited token sees the size of its own collections, not the server's counters
+        mine = await stub.GetStats(
+            ragline_pb2.GetStatsRequest(), timeout=30, metadata=bearer_metadata(tokens["reader_a"])
+        )
+        everything = await stub.GetStats(
+            ragline_pb2.GetStatsRequest(), timeout=30, metadata=bearer_metadata(tokens["admin"])
+        )
+        assert mine.documents == secured.gateway.counts(frozenset({"team-a"}))[0]
+        assert mine.documents < everything.documents
+        assert not mine.counters and everything.counters
+
+
+async def test_mutual_tls_without_a_server_certificate_is_refused(tmp_path, redis_url) -> None:  # type: ignore[no-untyped-def]
+    certs = make_certs(tmp_path / "pki")
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.internal_port = 0
+    settings.server.tls_client_ca_file = certs.ca_cert
+    with pytest.raises(ValueError, match="TLS_CERT_FILE"):
+        await start_server(settings)

@@ -29,6 +29,7 @@ def tree(tmp_path: Path) -> dict[str, Path]:
     for name in ("inside", "nested", "text", "outside"):
         paths[name].write_bytes(b"%PDF-1.4 placeholder")
     (root / "escape.pdf").symlink_to(paths["outside"])  # a link leading out of the root
+    (root / "again.pdf").symlink_to(paths["inside"])  # the same file twice
     (root / "sub" / "up").symlink_to(outside, target_is_directory=True)
     os.mkfifo(root / "pipe.pdf")  # reading it would block a parser forever
     return paths
@@ -80,3 +81,12 @@ def test_unprintable_and_oversized_paths_are_invalid_arguments(tree) -> None:  #
 def test_a_root_that_is_not_a_folder_stops_the_start(tree) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="is not a folder"):
         PathPolicy.from_setting(f"{tree['root']}{os.pathsep}{tree['inside']}")
+
+
+def test_a_huge_folder_tree_is_refused(tree, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import services.paths
+
+    monkeypatch.setattr(services.paths, "MAX_ENTRIES", 3)
+    policy = PathPolicy.from_setting(str(tree["root"]))
+    with pytest.raises(InvalidArgument, match="more than 3 entries"):
+        policy.files([str(tree["root"])])
