@@ -169,22 +169,6 @@ class Principal:
                 f"token {self.name!r} may not ingest into collection {collection or 'default'!r}"
             )
 
-    def require_delete(self, doc_id: str, collection: str) -> None:
-        """A document in a collection outside the grant is reported as absent: NOT_FOUND.
-
-        Args:
-            doc_id: The document the request names.
-            collection: The collection that document is in (looked up by the caller).
-
-        Raises:
-            PermissionDenied: No ``delete`` scope.
-            NotFound: The document's collection is not granted; the message is the store's
-                for an unknown document id.
-        """
-        self.require("delete")
-        if not self.can_write(collection):
-            raise NotFound(f"no document with id {doc_id!r}")  # = retriever.store's message
-
 
 @dataclass(frozen=True, slots=True)
 class TokenEntry:
