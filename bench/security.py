@@ -27,6 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.retrieval import percentile, print_table  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.auth import new_token  # noqa: E402
 from services.client import open_channel  # noqa: E402
@@ -35,11 +36,6 @@ from services.settings import ServerSettings, Settings  # noqa: E402
 from tests.certs import make_certs  # noqa: E402
 
 CONFIGS = ("no auth", "token (all collections)", "token (one collection)", "TLS + token")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 async def _server(settings: Settings, store: Any) -> RunningServer:
@@ -145,12 +141,8 @@ def main() -> int:
     if not (args.index_dir / "CURRENT").exists():
         raise SystemExit(f"no index at {args.index_dir}: run `make run` (or `make ingest`) first")
     report = asyncio.run(run(args))
-    columns = list(report["rows"][0])
-    widths = [max(len(c), *(len(str(r[c])) for r in report["rows"])) for c in columns]
-    print(f"Retrieve over gRPC, {report['questions']} questions, {args.tokens} tokens configured")
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for row in report["rows"]:
-        print("  ".join(str(row[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))
+    title = f"Retrieve over gRPC, {report['questions']} questions, {args.tokens} tokens configured"
+    print_table(title, report["rows"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}")

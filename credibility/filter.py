@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -34,33 +33,24 @@ class EvidenceFilter(Protocol):
     def threshold(self) -> float: ...
 
     @property
-    def bounds(self) -> tuple[float, float]:
-        """The per-request thresholds accepted."""
-        ...
-
-    @property
     def model_id(self) -> str: ...
 
     def warm_up(self) -> None: ...
 
 
 class Thresholded:
-    """The threshold and per-request bounds every filter carries."""
+    """The threshold every filter carries. A request's own threshold is a probability,
+    bounded once for all filters by the gateway (``Gateway.check_threshold``)."""
 
     calibrated = False
     """Scores are calibrated probabilities, so a request's threshold (one) applies to them."""
 
-    def __init__(self, threshold: float, bounds: tuple[float, float]) -> None:
+    def __init__(self, threshold: float) -> None:
         self._threshold = threshold
-        self._bounds = bounds
 
     @property
     def threshold(self) -> float:
         return self._threshold
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        return self._bounds
 
 
 class ScoreFloorFilter(Thresholded):
@@ -74,7 +64,7 @@ class ScoreFloorFilter(Thresholded):
     name = "score_floor"
 
     def __init__(self, floor: float) -> None:
-        super().__init__(floor, (0.0, math.inf))
+        super().__init__(floor)
 
     @property
     def model_id(self) -> str:
@@ -97,10 +87,9 @@ class ClassifierFilter(Thresholded):
         self,
         classifier: PairClassifier,
         threshold: float = 0.85,
-        bounds: tuple[float, float] = (0.5, 0.99),
         timeout_s: float = 2.0,
     ) -> None:
-        super().__init__(threshold, bounds)
+        super().__init__(threshold)
         self.classifier = classifier
         self.timeout_s = timeout_s
 

@@ -228,7 +228,7 @@ class Gateway:
         threshold = self.check_threshold(threshold)
         try:
             scores = await self.filter.score(query, hits)
-            own = not threshold or not getattr(self.filter, "calibrated", False)
+            own = not threshold or not self.filter.calibrated
             return self.filter.name, scores, self.filter.threshold if own else threshold
         except Unavailable:
             if self.fallback_filter is None:

@@ -85,28 +85,35 @@ class PathPolicy:
         return any(path == root or path.is_relative_to(root) for root in self.roots)
 
     def _walk(self, folder: Path, budget: list[int]) -> list[Path]:
-        """The PDFs under a folder; ``budget`` counts down the entries looked at."""
+        """The PDFs under a folder; ``budget`` counts down the entries looked at, so a huge
+        tree is refused as soon as the walk has seen too much, not after."""
         found: list[Path] = []
         try:
-            walk = list(os.walk(folder, followlinks=False))
+            for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+                budget[0] -= len(dirnames) + len(filenames)
+                if budget[0] < 0:
+                    raise InvalidArgument.for_field(
+                        "paths", f"the folders hold more than {MAX_ENTRIES} entries: name fewer"
+                    )
+                dirnames.sort()
+                found += self._pdfs(Path(dirpath), sorted(filenames))
         except RecursionError:  # os.walk recurses: a tree deeper than ~1000 levels
             raise InvalidArgument.for_field("paths", "folder tree too deep") from None
-        for dirpath, dirnames, filenames in walk:
-            budget[0] -= len(dirnames) + len(filenames)
-            if budget[0] < 0:
-                raise InvalidArgument.for_field(
-                    "paths", f"the folders hold more than {MAX_ENTRIES} entries: name fewer"
-                )
-            for name in sorted(filenames):
-                if not name.lower().endswith(".pdf"):
-                    continue
-                try:
-                    path = (Path(dirpath) / name).resolve(strict=True)
-                    regular = stat.S_ISREG(path.stat().st_mode)
-                except (OSError, RuntimeError):
-                    continue
-                if regular and self._inside(path):
-                    found.append(path)
+        return found
+
+    def _pdfs(self, folder: Path, names: list[str]) -> list[Path]:
+        """The regular ``*.pdf`` files among ``names`` that resolve inside a root."""
+        found = []
+        for name in names:
+            if not name.lower().endswith(".pdf"):
+                continue
+            try:
+                path = (folder / name).resolve(strict=True)
+                regular = stat.S_ISREG(path.stat().st_mode)
+            except (OSError, RuntimeError):
+                continue
+            if regular and self._inside(path):
+                found.append(path)
         return found
 
 

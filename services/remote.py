@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -29,10 +28,9 @@ class RemoteFilter(Thresholded):
         address: str,
         timeout_s: float,
         threshold: float,
-        bounds: tuple[float, float] = (0.0, math.inf),
         channel: Callable[[str], grpc.aio.Channel] | None = None,
     ) -> None:
-        super().__init__(threshold, bounds)
+        super().__init__(threshold)
         self.address = address
         self.timeout_s = timeout_s
         self._open = channel or grpc.aio.insecure_channel

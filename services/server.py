@@ -144,7 +144,6 @@ def build_text_backend(settings: Settings) -> TextBackend:
 def build_filter(settings: Settings) -> EvidenceFilter:
     """The evidence filter the settings ask for (see ``CredibilitySettings``)."""
     c = settings.credibility
-    bounds = (c.min_threshold, c.max_threshold)
     if c.address:
         from services.client import open_channel
         from services.remote import RemoteFilter
@@ -152,7 +151,7 @@ def build_filter(settings: Settings) -> EvidenceFilter:
         def channel(target: str) -> grpc.aio.Channel:  # TLS, mTLS and token as configured
             return open_channel(settings.server, target, aio=True)
 
-        return RemoteFilter(c.address, c.timeout_s, c.threshold, bounds, channel)
+        return RemoteFilter(c.address, c.timeout_s, c.threshold, channel)
     if c.backend == "score_floor":
         return ScoreFloorFilter(c.score_floor)
     if c.backend == "auto" and not is_checkpoint(c.model_dir):
@@ -170,7 +169,7 @@ def build_filter(settings: Settings) -> EvidenceFilter:
         threads=settings.server.threads,
         quantize=c.quantize,
     )
-    return ClassifierFilter(classifier, c.threshold, bounds, c.timeout_s)
+    return ClassifierFilter(classifier, c.threshold, c.timeout_s)
 
 
 def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gateway:
