@@ -6,6 +6,7 @@ Stages raise these without importing grpc: ``code`` is the name of a ``grpc.Stat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -77,3 +78,11 @@ class PermissionDenied(RaglineError):
     """A known caller without the scope (or collection) the call needs."""
 
     code = "PERMISSION_DENIED"
+
+
+def named(items: Sequence[str], limit: int = 10) -> str:
+    """Names for an error message, bounded: the first ``limit`` (each cut at 64 characters),
+    then how many more. A status message travels in a trailer of at most 16 KiB."""
+    shown = [i if len(i) <= 64 else i[:64] + "..." for i in items[:limit]]
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return f"{shown}{more}"

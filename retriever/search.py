@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
+from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, named
 from ragline.types import Hit, SparseVector
 from retriever.cache import QueryCache
 from retriever.fusion import FusionMode, fuse
@@ -270,7 +270,7 @@ def _allowed_rows(view: IndexView, options: SearchOptions) -> np.ndarray | None:
     if options.doc_ids:
         unknown = [d for d in options.doc_ids if d not in view.doc_hashes]
         if unknown:
-            raise NotFound(f"no document with id(s) {unknown}")
+            raise NotFound(f"no document with id(s) {named(unknown)}")
         mask &= np.isin(view.doc_codes, [view.doc_code[d] for d in set(options.doc_ids)])
     if options.kinds:
         mask &= np.isin(view.kinds, list(set(options.kinds)))
@@ -278,7 +278,7 @@ def _allowed_rows(view: IndexView, options: SearchOptions) -> np.ndarray | None:
         known = set(view.collections.tolist())
         unknown = sorted(set(options.collections) - known)
         if unknown:
-            raise NotFound(f"no collection named {unknown}")
+            raise NotFound(f"no collection named {named(unknown)}")
         mask &= np.isin(view.collections, list(set(options.collections)))
     return mask
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, cast, get_args
 
-from ragline.errors import NotFound, PermissionDenied, Unauthenticated
+from ragline.errors import NotFound, PermissionDenied, Unauthenticated, named
 
 Scope = Literal["read", "ingest", "delete", "internal", "admin"]
 SCOPES: Final[frozenset[str]] = frozenset(get_args(Scope))
@@ -150,7 +150,7 @@ class Principal:
             return tuple(sorted(self.collections))
         outside = sorted(set(requested) - self.collections)
         if outside:
-            raise NotFound(f"no collection named {outside}")  # = retriever.search's message
+            raise NotFound(f"no collection named {named(outside)}")  # = retriever.search's message
         return tuple(requested)
 
     def can_write(self, collection: str) -> bool:

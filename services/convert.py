@@ -80,6 +80,9 @@ def hits_from_pb(hits: Sequence[common_pb2.Hit], field: str = "hits") -> list[Hi
     return out
 
 
+MAX_FILTER_VALUES = 1000
+"""Values one filter field may list (each becomes part of the cache key and the search)."""
+
 _MODES = {
     common_pb2.SEARCH_MODE_SPARSE: "sparse",
     common_pb2.SEARCH_MODE_DENSE: "dense",
@@ -104,6 +107,13 @@ def options_from_pb(pb: common_pb2.SearchOptions) -> dict[str, Any]:
     if pb.sparse_weight or pb.dense_weight:
         out["sparse_weight"] = pb.sparse_weight
         out["dense_weight"] = pb.dense_weight
+    for name in ("doc_ids", "kinds", "collections"):
+        values = getattr(pb.filter, name)
+        if len(values) > MAX_FILTER_VALUES or any(len(v) > 255 for v in values):
+            raise InvalidArgument.for_field(
+                f"options.filter.{name}",
+                f"at most {MAX_FILTER_VALUES} values of at most 255 characters",
+            )
     if pb.filter.doc_ids:
         out["doc_ids"] = tuple(pb.filter.doc_ids)
     if pb.filter.kinds:

@@ -20,7 +20,7 @@ from generator.core import AnswerGenerator
 from ingest.batch import FileResult, IngestReport, duplicate_uploads, ingest_one, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, doc_id_for
-from ragline.errors import InvalidArgument, NotFound, Unavailable
+from ragline.errors import InvalidArgument, NotFound, Unavailable, named
 from ragline.types import Answer, Hit
 from retriever.search import RetrievalResult, Retriever, SearchOptions
 from retriever.store import IndexStore
@@ -344,7 +344,7 @@ class Gateway:
             if self.store.collection_of(d) not in principal.collections
         )
         if other:
-            raise NotFound(f"no document with id(s) {other}")
+            raise NotFound(f"no document with id(s) {named(other)}")
         return out
 
     def counts(self, collections: frozenset[str]) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from ragline.errors import RaglineError, ResourceExhausted
+from ragline.errors import InvalidArgument, RaglineError, ResourceExhausted
 from services.auth import Principal, TokenRegistry, authorization_from_metadata
 from services.metrics import Metrics
 
@@ -95,31 +95,61 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         method = details.method
         if handler is None or not method.startswith(OWN_PREFIX):
             return handler  # health, reflection: theirs, untouched
+        deserialize = _lenient(handler.request_deserializer)
         if handler.unary_unary is not None:
             inner_unary = handler.unary_unary
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 async with _Call(self, method, context):
-                    return await inner_unary(request, context)
+                    return await inner_unary(_decoded(request), context)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
+                unary, deserialize, handler.response_serializer
             )
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
                 async with _Call(self, method, context):
-                    async for item in inner_stream(request, context):
+                    async for item in inner_stream(_decoded(request), context):
                         yield item
 
             return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
+                stream, deserialize, handler.response_serializer
             )
         # A kind this interceptor does not wrap would bypass authentication and limits:
         # closed (UNIMPLEMENTED) until it is wrapped too.
         logger.error("%s: client-streaming RPCs are not wrapped; refusing", method)
         return None
+
+
+_UNDECODABLE = object()
+"""Stands for a request body that did not parse (see :func:`_lenient`)."""
+
+
+def _lenient(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """The request deserializer, returning a marker instead of raising: raised there, a bad
+    body (broken protobuf, a string field that is not UTF-8) reaches the caller as UNKNOWN
+    with Python's exception text, before any handler could map it."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception:  # DecodeError and its kin: the caller's bytes, not our fault
+            return _UNDECODABLE
+
+    return parse
+
+
+def _decoded(request: Any) -> Any:
+    if request is _UNDECODABLE:
+        raise InvalidArgument(
+            "the request is not a valid message of this method (broken protobuf, or text "
+            "that is not UTF-8)"
+        )
+    return request
 
 
 class _Call:

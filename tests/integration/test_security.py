@@ -582,3 +582,30 @@ async def test_mutual_tls_without_a_server_certificate_is_refused(tmp_path, redi
     settings.server.tls_client_ca_file = certs.ca_cert
     with pytest.raises(ValueError, match="TLS_CERT_FILE"):
         await start_server(settings)
+
+
+async def test_undecodable_requests_and_huge_filters_get_a_clear_status(server) -> None:  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        raw = channel.unary_unary(
+            "/ragline.v1.Ragline/Retrieve",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        # field 1 (query) holding bytes that are not UTF-8; then bytes that are no protobuf
+        for body in (b"\x0a\x03\xff\xfe\xfd", b"\xff\xff\xff\xff"):
+            bad = await _error(raw(body, timeout=10))
+            assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "Error" not in (bad.details() or "")
+        stub = ragline_pb2_grpc.RaglineStub(channel)
+
+        def by_ids(ids: list[str]) -> ragline_pb2.RetrieveRequest:
+            options = common_pb2.SearchOptions(filter=common_pb2.Filter(doc_ids=ids))
+            return ragline_pb2.RetrieveRequest(query="frobctl", options=options)
+
+        too_many = await _error(stub.Retrieve(by_ids([f"d{i}" for i in range(5000)]), timeout=10))
+        assert too_many.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # an error naming many unknown ids stays small enough for its trailer
+        unknown = await _error(stub.Retrieve(by_ids(["x" * 200 + str(i) for i in range(900)])))
+        assert unknown.code() == grpc.StatusCode.NOT_FOUND
+        assert "and 890 more" in (unknown.details() or "") and len(unknown.details()) < 2000
+        assert (await stub.Retrieve(ragline_pb2.RetrieveRequest(query="frobctl"))).hits
