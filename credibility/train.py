@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.metrics import roc_auc_score
 
 from credibility import calibration
 from credibility.calibration import FEATURES, Method
@@ -242,8 +243,8 @@ def train(
 
 
 def _auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    pos, neg = scores[labels == 1], scores[labels == 0]
-    if not len(pos) or not len(neg):
+    """ROC AUC of scores against 0/1 labels (tied scores count half); None when the labels
+    hold only one class."""
+    if len(np.unique(labels)) < 2:
         return None
-    ranks = np.argsort(np.argsort(np.concatenate([pos, neg]))) + 1
-    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+    return float(roc_auc_score(labels, scores))
