@@ -25,9 +25,8 @@ from typing import Any
 
 from credibility.lexical import chunk_context
 from credibility.pairs import Pair
-from generator.prompt import sentences
-from generator.text import STOPWORDS, stems
 from ragline.errors import FailedPrecondition
+from ragline.text import STOPWORDS, sentences, stems
 from ragline.types import Chunk
 
 Search = Callable[[Sequence[str], int], list[list[int]]]

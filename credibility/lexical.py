@@ -17,15 +17,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from generator.prompt import sentences
-from generator.text import stems
+from ragline.text import sentences, stems
 from ragline.types import Chunk
 
-FEATURES_VERSION = 2
-"""What :func:`features` computes, with the text helpers it reads (``sentences``, ``stems``).
-Bump it whenever they change: a checkpoint records the version it was calibrated on, and one
-calibrated on other features is stale (``ragline credibility train --if-missing`` retrains
-it; the server warns). 1: before context words and the final-e stemmer fix; 2: both."""
+FEATURES_VERSION = 3
+"""What :func:`features` computes, with the text helpers it reads (``sentences``, ``stems`` of
+:mod:`ragline.text`). Bump it whenever they change: a checkpoint records the version it was
+calibrated on, and one calibrated on other features is stale (``ragline credibility train
+--if-missing`` retrains it; the server warns). 1: before context words and the final-e stemmer
+fix; 2: both; 3: the Snowball stemmer (PyStemmer) and the sentencex sentence splitter in place
+of the hand-written stemmer and the regex split (which also broke at "; " before a capital)."""
 
 _NUMBER_Q = re.compile(
     r"\bhow (?:many|much|long|large|big|old|often)\b|\bwhat (?:number|value|size|percentage|"

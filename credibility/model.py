@@ -18,9 +18,8 @@ import numpy as np
 from credibility.calibration import FEATURES, Calibrator
 from credibility.lexical import FEATURES_VERSION
 from credibility.lexical import features as lexical_features
-from generator.prompt import sentences
-from generator.text import stems
 from ragline.errors import FailedPrecondition, InvalidArgument
+from ragline.text import sentences, stems
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE, resolve_dense, resolve_splade
 
 logger = logging.getLogger(__name__)

@@ -18,17 +18,46 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from enum import StrEnum
 
-from generator.prompt import SECTION_NUMBER, body_sentences, sentences
-from generator.text import TOKEN, content_tokens, stems
+from generator.prompt import SECTION_NUMBER, body_sentences
 from ragline.markdown import read_table
+from ragline.text import TOKEN, content_tokens, sentences, stem, stems
 from ragline.types import INSUFFICIENT_INFO, Answer, Citation, Hit
+
+
+class Reason(StrEnum):
+    """Why an answer is INSUFFICIENT_INFO: :attr:`Answer.reason`, and the ``reason`` label of
+    ``ragline_insufficient_total``. The values are the wire strings clients and reports read.
+
+    Attributes:
+        NO_EVIDENCE: no passage reached the generator (none retrieved, or all filtered out).
+        MODEL_ABSTAINED: the model itself answered INSUFFICIENT_INFO.
+        EMPTY_OUTPUT: nothing left of the output once cleaned (a lone "The answer is:").
+        NO_CONTENT: the answer says nothing the question does not: no new content word, or
+            only filler ("... take the following arguments").
+        UNSUPPORTED: fewer than ``min_support`` of the answer's new content words occur in the
+            passages it cites (or in any passage, when it cites none).
+        KEY_UNANCHORED: a number or identifier the answer adds occurs in the cited passages
+            only far from every question word (an invented "100 bytes").
+        NOT_IN_ONE_ROW: the answer cites a table, and no row of it holds the answer's words
+            beside a cell the question names (a value read off a neighbouring row).
+        NO_NUMBER: the question asks for a number (how many, which version, what value) and
+            the answer states none the question does not already hold.
+    """
+
+    NO_EVIDENCE = "no_evidence"
+    MODEL_ABSTAINED = "model_abstained"
+    EMPTY_OUTPUT = "empty_output"
+    NO_CONTENT = "no_content"
+    UNSUPPORTED = "unsupported"
+    KEY_UNANCHORED = "key_unanchored"
+    NOT_IN_ONE_ROW = "not_in_one_row"
+    NO_NUMBER = "no_number"
+
 
 _CITATION = re.compile(r"\[(\d{1,2})\]")
 _LEAD_IN = re.compile(r"^\s*(the\s+)?answer(\s+is)?\s*:\s*", re.I)
-_SENTENCE_END = re.compile(r"(?<=[.!?])(?<!\b[A-Z]\.)\s+(?=[A-Z\[])")
-"""A sentence break: end punctuation, a space, a capital; not after an initial ("David M.
-Smith")."""
 
 
 def clean_output(raw: str, max_sentences: int = 2) -> str:
@@ -45,13 +74,13 @@ def clean_output(raw: str, max_sentences: int = 2) -> str:
         if line and line not in seen:
             seen.append(line)
     text = re.sub(r"\s*(the answer is|answer)\s*:?\s*$", "", " ".join(seen), flags=re.I)
-    sentences: list[str] = []
-    for sentence in _SENTENCE_END.split(text.strip()):
-        if sentence and not any(seen_s.startswith(sentence) for seen_s in sentences):
-            sentences.append(sentence)
-    if len(sentences) > 1 and not re.search(r"[.!?)\]]$", sentences[-1]):
-        sentences.pop()  # an unfinished sentence cut off by the token limit
-    return " ".join(sentences[:max_sentences]).strip()
+    kept: list[str] = []
+    for sentence in sentences(text):
+        if not any(seen_s.startswith(sentence) for seen_s in kept):
+            kept.append(sentence)
+    if len(kept) > 1 and not re.search(r"[.!?)\]]$", kept[-1]):
+        kept.pop()  # an unfinished sentence cut off by the token limit
+    return " ".join(kept[:max_sentences]).strip()
 
 
 _KEY = re.compile(r"\d|_|\(|[A-Za-z]\.[A-Za-z]|[A-Z].*[A-Z]")
@@ -78,9 +107,9 @@ def anchored(key: str, passage_words: list[str], question_words: set[str], windo
 
 _FILLER_TEXT = """following follow below above shown given called named listed mentioned
 described said take takes taken include includes included"""
-FILLER = frozenset(_FILLER_TEXT.split())
-"""Words an answer that only restates the question adds ("... take the following additional
-arguments:"): they say nothing the question did not."""
+FILLER = frozenset(stem(w) for w in _FILLER_TEXT.split())
+"""Stems of the words an answer that only restates the question adds ("... take the following
+additional arguments:"): they say nothing the question did not."""
 
 _ASKS_NUMBER = re.compile(
     r"\b(how (many|much|long|old|large|big)|(what|which) ([\w-]+ ){0,2}(year|version|value"
@@ -220,6 +249,95 @@ def off_question(question: str, body: str, sentence: str, keys: set[str]) -> boo
     return quote_share - answer_share >= OFF_QUESTION_MARGIN and not (keys and keys <= in_quote)
 
 
+def no_content(question: str, body: str, new_words: set[str]) -> Reason | None:
+    """:attr:`Reason.NO_CONTENT` when the answer adds no word the question lacks, or only
+    filler ("The function file creates connections to files compressed with bzip2" for "Which
+    function creates connections to files compressed with bzip2?")."""
+    if not new_words or not stems(body) - stems(question) - FILLER:
+        return Reason.NO_CONTENT
+    return None
+
+
+def unsupported(new_words: set[str], cited_text: str, min_support: float) -> Reason | None:
+    """:attr:`Reason.UNSUPPORTED` when under ``min_support`` of the answer's new content
+    words occur in the cited passages (none cited: no support at all)."""
+    supported = len(new_words & content_tokens(cited_text)) / len(new_words) if cited_text else 0
+    return Reason.UNSUPPORTED if supported < min_support else None
+
+
+def key_unanchored(
+    question: str, body: str, new_words: set[str], cited_text: str, window: int
+) -> Reason | None:
+    """:attr:`Reason.KEY_UNANCHORED` when a number or identifier the answer adds is not in
+    the cited text within ``window`` words of a question word (0: not checked)."""
+    if window <= 0:
+        return None
+    passage = cited_text.lower().split()
+    asked = content_tokens(question)
+    if all(anchored(k, passage, asked, window) for k in key_tokens(new_words, body)):
+        return None
+    return Reason.KEY_UNANCHORED
+
+
+def not_in_one_row(question: str, new_words: set[str], tables: Sequence[Hit]) -> Reason | None:
+    """:attr:`Reason.NOT_IN_ONE_ROW` when the answer cites tables and none has a row that
+    holds its words and names what the question names ("Poisson" from the Poisson row, for
+    log-normal's R name)."""
+    if tables and not any(row_supported(question, new_words, hit) for hit in tables):
+        return Reason.NOT_IN_ONE_ROW
+    return None
+
+
+def no_number(question: str, text: str) -> Reason | None:
+    """:attr:`Reason.NO_NUMBER` when the question asks how many / which version / what value
+    and ``text`` (without citation markers) states no number the question does not."""
+    if expects_number(question) and not new_number(text, question):
+        return Reason.NO_NUMBER
+    return None
+
+
+def drop_foreign_markers(text: str, n_passages: int) -> str:
+    """The text without citation markers that name no passage ("[2]" with one passage)."""
+    kept = _CITATION.sub(lambda m: m.group() if 1 <= int(m.group(1)) <= n_passages else "", text)
+    return re.sub(r" {2,}", " ", kept).strip()
+
+
+def cite_by_words(new_words: set[str], evidence: Sequence[Hit]) -> list[int]:
+    """For an answer without a usable [n]: the (at most two) passages that carry the most of
+    its new words."""
+    coverage = [
+        (len(new_words & content_tokens(h.chunk.text)), n) for n, h in enumerate(evidence, start=1)
+    ]
+    best = max(c for c, _ in coverage)
+    return [n for c, n in coverage if c == best and c > 0][:2]
+
+
+def grounding_failure(
+    question: str,
+    body: str,
+    new_words: set[str],
+    cited: Sequence[int],
+    evidence: Sequence[Hit],
+    min_support: float,
+    key_window: int,
+) -> Reason | None:
+    """The first grounding check the answer fails, in order: support, anchored keys, one
+    table row, a number when one is asked for."""
+    cited_text = " ".join(support_of(evidence[n - 1]) for n in cited)
+    tables = table_numbers(cited, evidence)
+    return (
+        unsupported(new_words, cited_text, min_support)
+        or key_unanchored(question, body, new_words, cited_text, key_window)
+        or not_in_one_row(question, new_words, [evidence[n - 1] for n in tables])
+        or no_number(question, body)
+    )
+
+
+def table_numbers(cited: Sequence[int], evidence: Sequence[Hit]) -> list[int]:
+    """The cited passages that are tables."""
+    return [n for n in cited if evidence[n - 1].chunk.kind == "table"]
+
+
 def check_answer(
     question: str,
     raw_output: str,
@@ -228,7 +346,8 @@ def check_answer(
     key_window: int = 0,
     quote: bool = False,
 ) -> Answer:
-    """Parse citations and apply the support check.
+    """Parse citations and apply the checks; a failed one makes the answer INSUFFICIENT_INFO
+    with its :class:`Reason` (or, with ``quote``, a quote of the top passage stands in).
 
     Args:
         question: the user's question (its words do not count as support).
@@ -237,76 +356,50 @@ def check_answer(
         min_support: share of the answer's new content words that must occur in the cited text.
         key_window: when > 0, every number or identifier the answer adds must occur in the cited
             text within this many words of a question word (``key_unanchored`` otherwise).
+        quote: let the top passage's best sentence replace a failed or off-question answer.
     """
     text = clean_output(raw_output)
     if not evidence:
-        return Answer.insufficient_info("no_evidence")
+        return Answer.insufficient_info(Reason.NO_EVIDENCE)
     if INSUFFICIENT_INFO in text:
-        return Answer.insufficient_info("model_abstained")
+        return Answer.insufficient_info(Reason.MODEL_ABSTAINED)
     if not text:
-        return Answer.insufficient_info("empty_output")
-    # A marker naming no passage ("[2]" with one passage) goes: the answer's citations are
-    # the passages it names, or the ones that carry its words.
-    text = re.sub(
-        r" {2,}",
-        " ",
-        _CITATION.sub(lambda m: m.group() if 1 <= int(m.group(1)) <= len(evidence) else "", text),
-    ).strip()
+        return Answer.insufficient_info(Reason.EMPTY_OUTPUT)
+    text = drop_foreign_markers(text, len(evidence))
     cited = sorted({int(n) for n in _CITATION.findall(text)})
     body = _CITATION.sub("", text).strip()
     new_words = content_tokens(body) - content_tokens(question)
-    if not new_words or not stems(body) - stems(question) - FILLER:
-        # nothing the question does not already say ("The function file creates connections
-        # to files compressed with bzip2" for "Which function creates connections to files
-        # compressed with bzip2?")
-        return Answer.insufficient_info("no_content")
-    if not cited:
-        # The model gave no usable [n]: cite the passages that carry the answer's words.
-        coverage = [
-            (len(new_words & content_tokens(h.chunk.text)), n)
-            for n, h in enumerate(evidence, start=1)
-        ]
-        best = max(c for c, _ in coverage)
-        cited = [n for c, n in coverage if c == best and c > 0][:2]
-    cited_text = " ".join(support_of(evidence[n - 1]) for n in cited)
-    supported = len(new_words & content_tokens(cited_text)) / len(new_words) if cited else 0.0
-    reason = ""
-    if supported < min_support:
-        reason = "unsupported"
-    elif key_window > 0:
-        passage = cited_text.lower().split()
-        asked = content_tokens(question)
-        if not all(anchored(k, passage, asked, key_window) for k in key_tokens(new_words, body)):
-            reason = "key_unanchored"
+    empty = no_content(question, body, new_words)
+    if empty:
+        return Answer.insufficient_info(empty)
+    cited = cited or cite_by_words(new_words, evidence)
+    reason = grounding_failure(question, body, new_words, cited, evidence, min_support, key_window)
     keys = key_tokens(new_words, body)
-    tables = [n for n in cited if evidence[n - 1].chunk.kind == "table"]
-    if (
-        not reason
-        and tables
-        and not any(row_supported(question, new_words, evidence[n - 1]) for n in tables)
-    ):
-        reason = "not_in_one_row"  # "Poisson" from the Poisson row, for log-normal's R name
-    if not reason and expects_number(question) and not new_number(body, question):
-        reason = "no_number"  # asked how many / which version / what value: none given
-    if not reason and quote:
+    if reason is None and quote:
         # A supported answer can still be off the question: SmolLM2 sometimes copies the
         # neighbouring sentence ("read.fortran is a similar function" for "how do you read a
         # fixed-width file", where read.fwf is the answer). When the top passage has a sentence
         # that holds far more of the question and none of the answer's own identifiers, quote it.
         found = quote_for(question, keys, evidence)
         if found is not None and off_question(question, body, found[0], keys):
-            text, number = found
-            cited = [number]
-            text = f"{text} [{number}]"
-    if reason:
-        numbers = tables if reason == "not_in_one_row" else (1,)
+            text, cited = f"{found[0]} [{found[1]}]", [found[1]]
+    if reason is not None:
+        numbers = table_numbers(cited, evidence) if reason is Reason.NOT_IN_ONE_ROW else (1,)
         found = quote_for(question, keys, evidence, numbers) if quote else None
         if found is None:
             return Answer.insufficient_info(reason)
-        text, number = found
-        cited = [number]
-        text = f"{text} [{number}]"
-    citations = tuple(
+        text, cited = f"{found[0]} [{found[1]}]", [found[1]]
+    reason = no_number(question, _CITATION.sub("", text))  # a quote may lack the number
+    if reason:
+        return Answer.insufficient_info(reason)
+    if not _CITATION.search(text):
+        text = f"{text} " + "".join(f"[{n}]" for n in cited)
+    return Answer(text=text, citations=citations_for(cited, evidence))
+
+
+def citations_for(cited: Sequence[int], evidence: Sequence[Hit]) -> tuple[Citation, ...]:
+    """The [n] markers as citations: chunk, document, pages and source of each passage."""
+    return tuple(
         Citation(
             number=n,
             chunk_id=evidence[n - 1].chunk.chunk_id,
@@ -316,8 +409,3 @@ def check_answer(
         )
         for n in cited
     )
-    if expects_number(question) and not new_number(_CITATION.sub("", text), question):
-        return Answer.insufficient_info("no_number")
-    if not _CITATION.search(text):
-        text = f"{text} " + "".join(f"[{n}]" for n in cited)
-    return Answer(text=text, citations=citations)

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from generator.budget import TokenBudget
-from generator.contract import check_answer
+from generator.contract import Reason, check_answer
 from generator.prompt import build_messages
 from ragline.types import Answer, Hit
 
@@ -52,7 +52,7 @@ class AnswerGenerator:
     ) -> AsyncIterator[str | Answer]:
         """Yield raw text deltas, then the checked :class:`Answer` last."""
         if not evidence:
-            yield Answer.insufficient_info("no_evidence")
+            yield Answer.insufficient_info(Reason.NO_EVIDENCE)
             return
         messages = build_messages(
             question, evidence, self.max_evidence_tokens, self.focus_sentences, self.budget

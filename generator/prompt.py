@@ -6,8 +6,8 @@ import re
 from collections.abc import Sequence
 
 from generator.budget import TokenBudget
-from generator.text import stems
 from ragline.markdown import read_table
+from ragline.text import sentences, stems
 from ragline.types import INSUFFICIENT_INFO, Hit
 
 SYSTEM_PROMPT = (
@@ -17,14 +17,6 @@ SYSTEM_PROMPT = (
     "the passage that answers the question, and cite that passage as [1], [2]. "
     f"If the passages do not contain the answer, reply exactly {INSUFFICIENT_INFO}."
 )
-
-
-_SENTENCE = re.compile(r"(?<=[.!?;])(?<!\b[A-Z]\.)\s+(?=[A-Z0-9(\"'‘“])")
-"""A sentence break; not after an initial ("by Bill Venables and David M. Smith")."""
-
-
-def sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
 
 
 SECTION_NUMBER = re.compile(r"^\d+(?:\.\d+)*\.?\s+(?=[A-Z])")

@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from generator.contract import check_answer, clean_output
+from generator.contract import Reason, check_answer, clean_output
 from generator.prompt import SYSTEM_PROMPT, body_sentences, build_messages, focus
-from generator.text import stem, stems
 from ragline.types import INSUFFICIENT_INFO, Chunk, Hit
 
 pytestmark = pytest.mark.unit
@@ -71,6 +70,22 @@ def test_abstention_and_empty_outputs(raw: str, reason: str) -> None:
 
 def test_no_evidence_means_insufficient() -> None:
     assert check_answer(QUESTION, "read.fwf [1]", []).reason == "no_evidence"
+
+
+def test_reasons_are_typed_and_keep_their_wire_strings() -> None:
+    answer = check_answer("What is the capital of Mongolia?", "It is Ulaanbaatar [1].", EVIDENCE)
+    assert answer.reason == "unsupported"  # what clients, metrics and reports read
+    assert isinstance(answer.reason, Reason) and answer.reason is Reason.UNSUPPORTED
+    assert {r.value for r in Reason} == {
+        "no_evidence",
+        "model_abstained",
+        "empty_output",
+        "no_content",
+        "unsupported",
+        "key_unanchored",
+        "not_in_one_row",
+        "no_number",
+    }
 
 
 def test_clean_output_skips_a_lead_in_paragraph() -> None:
@@ -205,21 +220,6 @@ def test_no_quote_when_the_top_passage_is_off_topic() -> None:
 
 def test_lead_in_paragraph_is_skipped() -> None:
     assert clean_output("The answer to the question is:\n\nUse read.fwf.") == "Use read.fwf."
-
-
-def test_stems_match_plurals_and_hyphenated_words() -> None:
-    assert [stem(w) for w in ("files", "boxes", "reading", "fixed", "class", "is")] == [
-        "file",
-        "box",
-        "read",
-        "fix",
-        "class",
-        "is",
-    ]
-    assert stems("Fixed-width files") == {"fix", "width", "file"}
-    # every inflection meets at one stem, with or without the final e
-    assert {stem(w) for w in ("disable", "disables", "disabled", "disabling")} == {"disabl"}
-    assert {stem(w) for w in ("create", "creates", "created", "creating")} == {"creat"}
 
 
 def test_a_supported_answer_off_the_question_gives_way_to_the_quote() -> None:

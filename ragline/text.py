@@ -1,0 +1,102 @@
+"""Words and sentences: the one text module that credibility/ and generator/ both read.
+
+- :func:`content_tokens`: lower-cased content words (identifiers such as ``read.csv`` and
+  numbers such as ``4.3.1`` stay whole), stopwords and 1-character tokens dropped;
+- :func:`stem` / :func:`stems`: the Snowball English stemmer (PyStemmer, in C), so that
+  "disable", "disables", "disabled" and "disabling" meet at one stem;
+- :func:`sentences`: sentencex (Wikimedia's rule-based splitter, in Rust), which knows
+  abbreviations ("e.g.", "Fig. 3", "et al."), initials, decimals and version numbers.
+
+A change to any of them changes the credibility features: bump
+``credibility.lexical.FEATURES_VERSION`` with it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from functools import lru_cache
+
+import Stemmer
+from sentencex import segment
+
+TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$:\-]*[A-Za-z0-9_]|[A-Za-z0-9]")
+"""A word, number or code identifier: inner ``.``, ``$``, ``:`` and ``-`` keep ``read.csv``,
+``df$x``, ``4.3.1`` and ``fixed-width`` whole."""
+
+_STOPWORD_TEXT = """
+a an the and or of to in on for with by from as at is are was were be been being it
+its this that these those you your we our they their he she his her which what who whom whose when
+where why how can could should would will shall may might must do does did done not no yes use used
+using uses also there here than then so such if else into onto about via per answer passage passages
+question function functions"""
+STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+"""English function words, plus the words every question and prompt here holds ("answer",
+"passage", "function"), which tell no passage from another."""
+
+LANGUAGE = "en"
+"""The language of the corpora (the R manuals, LaTeX documentation): the stemmer's and the
+sentence splitter's rules."""
+
+WORD_CACHE_SIZE = 1 << 16
+"""Stems remembered (a few MB): a query's passages share most of their words with the last
+queries'."""
+
+PASSAGE_CACHE_SIZE = 4096
+"""Passages whose sentences are remembered (~10 MB at ~1,300 characters each): the credibility
+filter splits each of a query's 20 passages twice (focus, then features), and popular passages
+come back query after query."""
+
+
+def content_tokens(text: str) -> set[str]:
+    """Lower-cased content words of a text (stopwords and 1-character tokens dropped)."""
+    tokens = {t.lower().strip(".:-") for t in TOKEN.findall(text)}
+    return {t for t in tokens if len(t) > 1 and t not in STOPWORDS}
+
+
+_stemmer = Stemmer.Stemmer(LANGUAGE)  # Snowball "english" (Porter 2)
+_stemmer_lock = threading.Lock()  # a PyStemmer instance must not be called concurrently
+
+
+@lru_cache(maxsize=WORD_CACHE_SIZE)
+def stem(word: str) -> str:
+    """The Snowball (Porter 2) English stem of a lower-cased word ("disabling" → "disabl",
+    "boxes" → "box"). A token that is not all letters — an identifier (``read.csv``,
+    ``R_HOME``), a number, a version — is returned as it is: it is matched exactly."""
+    if not word.isalpha():
+        return word
+    with _stemmer_lock:
+        return str(_stemmer.stemWord(word))
+
+
+def stems(text: str) -> set[str]:
+    """Stemmed content words; a hyphenated word counts as its parts ("fixed-width" → fix,
+    width), so it neither doubles in a question nor misses a passage that spells it apart."""
+    out: set[str] = set()
+    for token in content_tokens(text):
+        if "-" in token:
+            parts = [p for p in token.split("-") if len(p) > 1 and p not in STOPWORDS]
+            if parts:
+                out.update(map(stem, parts))
+                continue
+        out.add(stem(token))
+    return out
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of a text, stripped, empty ones dropped. A new line inside a sentence
+    (PDF text wraps) is no break; a blank line (a paragraph break) is one."""
+    return list(_sentences(text))
+
+
+@lru_cache(maxsize=PASSAGE_CACHE_SIZE)
+def _sentences(text: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for piece in segment(LANGUAGE, text):
+        # sentencex ends a sentence at a full stop before a capital even inside a token: the
+        # R manuals' ".Call", ".Rprofile" and "~/.Renviron" are no sentence ends.
+        if out and piece[:1] and not piece[0].isspace() and not out[-1][-1:].isspace():
+            out[-1] += piece
+        else:
+            out.append(piece)
+    return tuple(s for s in (p.strip() for p in out) if s)
