@@ -14,7 +14,7 @@ from typing import Literal
 
 from ragline.errors import InvalidArgument
 
-PairFormat = Literal["auto", "jsonl", "squad", "msmarco"]
+PairFormat = Literal["auto", "jsonl", "squad", "msmarco", "questions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,12 @@ def read_pairs(path: Path, fmt: PairFormat = "auto") -> list[Pair]:
         raise InvalidArgument.for_field("pairs", f"{path} is not a file")
     if fmt == "auto":
         fmt = _guess_format(path)
-    readers = {"jsonl": _read_jsonl, "squad": _read_squad, "msmarco": _read_msmarco}
+    readers = {
+        "jsonl": _read_jsonl,
+        "squad": _read_squad,
+        "msmarco": _read_msmarco,
+        "questions": _read_questions,
+    }
     pairs = readers[fmt](path)
     if not pairs:
         raise InvalidArgument.for_field("pairs", f"{path} holds no labelled pairs ({fmt})")
@@ -59,11 +64,13 @@ def write_pairs(path: Path, pairs: Iterable[Pair]) -> int:
     return n
 
 
-def _guess_format(path: Path) -> Literal["jsonl", "squad", "msmarco"]:
+def _guess_format(path: Path) -> Literal["jsonl", "squad", "msmarco", "questions"]:
     if path.suffix in (".tsv", ".txt"):
         return "msmarco"
     with path.open(encoding="utf-8") as f:
         head = f.read(4096).lstrip()
+    if head.startswith('{"format": "ragline-questions"'):
+        return "questions"
     if head.startswith("{") and '"data"' in head.split("\n", 1)[0][:4096] and "version" in head:
         return "squad"
     if path.suffix == ".json":
@@ -99,6 +106,13 @@ def _read_jsonl(path: Path) -> list[Pair]:
                 )
             )
     return pairs
+
+
+def _read_questions(path: Path) -> list[Pair]:
+    """The kept questions of a ``ragline credibility questions`` file, as pairs."""
+    from credibility.llm_questions import pairs_from_items, read_file
+
+    return list(pairs_from_items(read_file(path)[1]))
 
 
 def _read_squad(path: Path) -> list[Pair]:

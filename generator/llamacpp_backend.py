@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import threading
 import time
@@ -244,6 +245,64 @@ class LlamaCppBackend:
             # A callback after each prompt batch: the chance to stop before the first token.
             "return_progress": True,
         }
+
+    def complete(
+        self,
+        messages: list[dict[str, str]],
+        max_new_tokens: int,
+        top_logprobs: int = 0,
+        reuse_prefix: bool = True,
+    ) -> dict[str, Any]:
+        """One request, blocking, not streamed: llama.cpp's OpenAI-style response (with the
+        first tokens' ``top_logprobs`` when asked). For offline jobs (question writing,
+        judging), not the serving path: it bypasses the admission queue.
+
+        ``reuse_prefix=False`` reads the whole prompt afresh: a reply that must not depend on
+        what the slot read before (a reused prefix changes the arithmetic slightly, and a
+        greedy reply can flip on a near tie).
+
+        Raises:
+            InvalidArgument / Unavailable / RaglineError: llama.cpp answered with an error.
+        """
+        self.warm_up()
+        body: dict[str, Any] = {
+            "messages": messages,
+            "max_tokens": max_new_tokens,
+            "temperature": 0.0,
+            "cache_prompt": reuse_prefix,
+        }
+        if top_logprobs:
+            body |= {"logprobs": True, "top_logprobs": top_logprobs}
+        response = self._server.handle_chat_completions(body)
+        if not isinstance(response, dict) or "error" in response or not response.get("choices"):
+            raise _engine_error(
+                response.get("error", response) if isinstance(response, dict) else response
+            )
+        return response
+
+    def text(
+        self, messages: list[dict[str, str]], max_new_tokens: int, reuse_prefix: bool = True
+    ) -> str:
+        """The reply's text (greedy)."""
+        response = self.complete(messages, max_new_tokens, reuse_prefix=reuse_prefix)
+        message = response["choices"][0].get("message") or {}
+        return str(message.get("content") or "")
+
+    def yes_probability(self, messages: list[dict[str, str]]) -> float:
+        """P("yes") / (P("yes") + P("no")) over the reply's first token: the model as a yes/no
+        judge. 0.5 when neither is among its 20 likeliest first tokens."""
+        choice = self.complete(messages, 1, top_logprobs=20)["choices"][0]
+        content = (choice.get("logprobs") or {}).get("content") or [{}]
+        yes = no = 0.0
+        for item in content[0].get("top_logprobs") or ():
+            word = str(item.get("token", "")).strip().lower()
+            if word in ("yes", "no"):
+                prob = math.exp(float(item.get("logprob", -math.inf)))
+                if word == "yes":
+                    yes += prob
+                else:
+                    no += prob
+        return yes / (yes + no) if yes + no > 0 else 0.5
 
     async def stream(
         self, messages: list[dict[str, str]], max_new_tokens: int

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -334,6 +335,77 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_credibility_questions(args: argparse.Namespace) -> int:
+    import hashlib
+    import shlex
+
+    from credibility.llm_questions import QuestionConfig, QuestionWriter, run, summary
+    from generator.llamacpp_backend import LlamaCppBackend
+    from generator.models import resolve_gguf
+    from services.server import build_store
+
+    settings = _settings(args)
+    config = QuestionConfig(
+        seed=args.seed,
+        max_questions=args.max_questions,
+        max_attempts=args.max_attempts,
+        hard_negatives=args.hard_negatives,
+        kinds=tuple(args.kinds.split(",")) if args.kinds else QuestionConfig().kinds,
+    ).validate()
+    gguf = resolve_gguf(args.model)
+    digest = hashlib.sha256()
+    with gguf.open("rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    settings.retriever.dense_model = ""  # checks and hard negatives use the sparse index
+    store = build_store(settings)
+    view = store.load()
+    encoder = store.encoder
+    encoder.warm_up()
+
+    def search(question: str, k: int) -> list[int]:
+        return [row for row, _ in view.sparse.search(encoder.encode_query(question), k)]
+
+    # No cross-slot prompt cache: a reply must not depend on what earlier items left there.
+    teacher = LlamaCppBackend(
+        args.model, threads=args.threads, context_tokens=2048, cache_ram_mib=0
+    )
+    writer = QuestionWriter(view.chunks, search, teacher, config)
+    header = {
+        "model": args.model,
+        "model_file": gguf.name,
+        "model_sha256": digest.hexdigest(),
+        "seed": config.seed,
+        "config": {
+            k: v for k, v in asdict(config).items() if k not in ("max_questions", "max_attempts")
+        },
+        "index": {
+            "documents": sorted({c.doc_id for c in view.chunks}),
+            "chunks": len(view.chunks),
+        },
+        "command": "ragline credibility questions " + shlex.join(sys.argv[3:]),
+    }
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.max_questions, desc="questions kept", unit="q")
+
+    def progress(item: Any, kept: int) -> None:
+        if bar is not None:
+            bar.update(kept - bar.n)
+            bar.set_postfix(tried=item.i + 1, last=item.status, refresh=False)
+
+    try:
+        items = run(writer, Path(args.out), header, progress)
+    finally:
+        if bar is not None:
+            bar.close()
+        teacher.close()
+    print(json.dumps(summary(items), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ragline",
@@ -542,6 +614,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_credibility_train)
+
+    p = csub.add_parser(
+        "questions",
+        help="have an instruct LLM write checked training questions over the ingested index",
+        description="An instruct LLM (llama.cpp, GGUF) reads passages of the ingested index "
+        "and writes questions of the kinds people ask (factoid, numeric, procedural, table "
+        "cell, two-passage, near miss), each with its answer span. A question is kept only if "
+        "the span is in the passage, ragline's retrieval ranks the passage in its top 10, and "
+        "the LLM, rereading only that passage, answers with the span. Hard negatives from "
+        "ragline's retrieval are labelled by the LLM as a yes/no judge. Deterministic for a "
+        "seed; resumable (rerun with the same --out to continue). Slow on a CPU (~20 s per "
+        "attempt with the 1.5B model on 2 cores); the output is training data for "
+        "`ragline credibility train --pairs FILE`.",
+    )
+    p.add_argument("--index-dir", help="ingested index (default: RAGLINE_RETRIEVER_INDEX_DIR)")
+    p.add_argument("--out", required=True, help="questions JSONL to write or resume")
+    p.add_argument(
+        "--model",
+        default="packaged:qwen2.5-coder-1.5b-instruct",
+        help="teacher LLM: a packaged name or a .gguf path "
+        "(default packaged:qwen2.5-coder-1.5b-instruct)",
+    )
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed for passages and kinds")
+    p.add_argument(
+        "--max-questions", type=int, default=300, help="stop once this many are kept (300)"
+    )
+    p.add_argument("--max-attempts", type=int, default=0, help="stop after this many tries (0: 4x)")
+    p.add_argument(
+        "--hard-negatives",
+        type=int,
+        default=1,
+        help="retrieved passages per question labelled by the LLM judge (default 1)",
+    )
+    p.add_argument("--kinds", help="comma-separated subset of the question kinds")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_credibility_questions)
 
     p = sub.add_parser("stats", help="print index size, generation, models and counters")
     _client_args(p)

@@ -251,3 +251,56 @@ async def test_remote_credibility_service_and_the_documented_fallback(
     finally:
         await stop_beside(remote)
         await stop_beside(fallback)
+
+
+def test_llm_written_questions_are_checked_deterministic_and_resumable(
+    rdata_store: IndexStore, tmp_path: Path
+) -> None:
+    """A real teacher (SmolLM2 through llama.cpp: the fast one; `make` generates the committed
+    questions with Qwen-1.5B) over a real manual: every kept question passed its checks, a
+    rerun continues the file, and the same seed writes the same items."""
+    from credibility.llm_questions import QuestionConfig, QuestionWriter, occurs, read_file, run
+    from generator.llamacpp_backend import LlamaCppBackend
+    from ragline.errors import FailedPrecondition
+
+    view = rdata_store.load()
+    encoder = rdata_store.encoder
+
+    def search(question: str, k: int) -> list[int]:
+        return [row for row, _ in view.sparse.search(encoder.encode_query(question), k)]
+
+    teacher = LlamaCppBackend(
+        "packaged:smollm2-135m-instruct", threads=2, context_tokens=2048, cache_ram_mib=0
+    )
+    header = {"model": "smollm2", "model_sha256": "test", "seed": 3, "config": {}, "index": {}}
+    try:
+        config = QuestionConfig(seed=3, max_questions=50, max_attempts=4)
+        writer = QuestionWriter(view.chunks, search, teacher, config)
+        path = tmp_path / "q.jsonl"
+        first = run(writer, path, header)
+        assert [it.i for it in first] == [0, 1, 2, 3]
+        assert all(
+            it.status in {"kept", "format", "span", "retrieval", "reread", "no_partner"}
+            for it in first
+        )
+        lines = path.read_text().splitlines()
+        more = QuestionWriter(
+            view.chunks, search, teacher, QuestionConfig(seed=3, max_questions=50, max_attempts=6)
+        )
+        both = run(more, path, header)
+        assert [it.i for it in both] == list(range(6))
+        assert path.read_text().splitlines()[:5] == lines  # the first four are kept as written
+        # The same seed from scratch: the same passages, kinds and replies (greedy).
+        again = run(writer, tmp_path / "again.jsonl", header)
+        strip = [(it.chunk_id, it.kind, it.status, it.question) for it in again]
+        assert strip == [(it.chunk_id, it.kind, it.status, it.question) for it in first]
+        by_id = {c.chunk_id: c for c in view.chunks}
+        for item in both:
+            if item.status == "kept" and item.kind != "near_miss":
+                assert occurs(item.answer, by_id[item.chunk_id].text)
+                assert item.pairs[0]["label"] == 1
+        with pytest.raises(FailedPrecondition):  # another seed never appends to this file
+            run(more, path, header | {"seed": 4})
+        assert len(read_file(path)[1]) == 6
+    finally:
+        teacher.close()

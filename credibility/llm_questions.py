@@ -1,0 +1,470 @@
+"""Training questions written by an instruct LLM (``ragline credibility questions``).
+
+The template questions of :mod:`credibility.distant` are cut from the passage's own sentence,
+so they share far more words with their answer than people's questions do; a classifier
+calibrated on them keeps too few of the passages that answer real questions. Here an instruct
+LLM (the *teacher*: Qwen2.5-Coder-1.5B through llama.cpp by default) reads a passage and writes
+a question of a kind people ask — factoid, numeric, procedural, a table cell, a two-passage
+question, or a near miss on the passage's topic that the passage leaves open — with the answer
+span copied from the passage. A question is kept only when it passes checks:
+
+- ``format``: the reply parses into a question of 4-40 words ending in "?" that does not name
+  "the passage", and (answerable kinds) an answer span of at most 20 words;
+- ``span``: the span occurs in the passage (case- and space-insensitive, at word boundaries);
+- ``retrieval``: ragline's own sparse retrieval ranks the passage in its top ``top_k``
+  (a question nobody could route to its passage teaches nothing about the filter's inputs);
+- ``reread``: the LLM, reading only that passage, answers the question with the span
+  (answerable kinds), or judges that the passage does not answer it (near misses).
+
+Pairs per kept question: the source passage (positive; negative for a near miss) and up to
+``hard_negatives`` passages that ragline's retrieval ranks highest, labelled by the LLM as a
+judge (P("yes") from its first-token log-probabilities: ≥ ``judge_yes`` positive, ≤
+``judge_no`` negative, in between left out). The big model is a teacher: the fast classifier
+is trained on its labels and never calls it on the query path.
+
+Determinism and resuming: item ``i`` draws its passage and kind from ``random.Random`` seeded
+with ``(seed, i)`` and the LLM decodes greedily, so a seed gives the same questions; every item
+(kept or not, with its reason) is appended and flushed to the output JSONL as it finishes, and a
+rerun with the same file continues after the last finished item. The file's first line records
+the model (with its sha256), seed, settings and command: it is the data's provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from credibility.lexical import chunk_context
+from credibility.pairs import Pair
+from ragline.errors import FailedPrecondition, InvalidArgument
+from ragline.types import Chunk
+
+FORMAT = "ragline-questions"
+FORMAT_VERSION = 1
+
+KINDS = ("factoid", "numeric", "procedural", "table", "multi_hop", "near_miss")
+
+Search = Callable[[str, int], list[int]]
+"""A question, k → the rows of its top-k chunks, best first."""
+
+Messages = list[dict[str, str]]
+
+
+class Teacher(Protocol):
+    """The LLM that writes, rereads and judges (greedy decoding)."""
+
+    def text(self, messages: Messages, max_new_tokens: int, reuse_prefix: bool = True) -> str:
+        """Greedy reply; ``reuse_prefix=False``: independent of earlier requests."""
+        ...
+
+    def yes_probability(self, messages: Messages) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionConfig:
+    seed: int = 0
+    max_questions: int = 300
+    """Stop once this many questions are kept."""
+    max_attempts: int = 0
+    """Stop after this many items, kept or not (0: 4 x ``max_questions``)."""
+    top_k: int = 10
+    hard_negatives: int = 1
+    judge_yes: float = 0.7
+    judge_no: float = 0.3
+    prompt_words: int = 220
+    """Words of a passage the LLM reads (the first ones); the pairs carry the whole passage."""
+    min_words: int = 40
+    """Passages shorter than this are not asked about."""
+    kinds: tuple[str, ...] = KINDS
+
+    def validate(self) -> QuestionConfig:
+        if self.max_questions < 1:
+            raise InvalidArgument.for_field("max_questions", "must be at least 1")
+        if not 0 <= self.judge_no < self.judge_yes <= 1:
+            raise InvalidArgument.for_field("judge", "need 0 <= judge_no < judge_yes <= 1")
+        if self.top_k < 1 or self.hard_negatives < 0:
+            raise InvalidArgument.for_field("top_k", "top_k >= 1, hard_negatives >= 0")
+        unknown = set(self.kinds) - set(KINDS)
+        if unknown or not self.kinds:
+            raise InvalidArgument.for_field("kinds", f"choose from {', '.join(KINDS)}")
+        return self
+
+    @property
+    def attempts(self) -> int:
+        return self.max_attempts or 4 * self.max_questions
+
+
+@dataclass(slots=True)
+class Item:
+    """One attempt: a passage, a kind, and what came of it."""
+
+    i: int
+    kind: str
+    chunk_id: str
+    status: str = "kept"
+    """``kept``, or the check that failed (``format``, ``span``, ``retrieval``, ``reread``)."""
+    question: str = ""
+    answer: str = ""
+    pairs: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+SYSTEM = "You read passages from technical manuals. Follow the instructions exactly and be brief."
+
+_ASK = {
+    "factoid": "Ask about one specific fact it states: a name, a function, an option, a file, "
+    "a default or a definition.",
+    "numeric": "Ask for a number it states: a count, a size, a limit, a version or a value.",
+    "procedural": 'Ask how to do something it explains ("How do I ...?" or "How can ...?"); '
+    "the answer is the command, function, option or step.",
+    "table": "Ask for the value of one cell of its table, naming the row and the column in "
+    "your own words.",
+    "multi_hop": "Ask a question that needs one fact from each passage to answer; the answer "
+    "is copied from one of them.",
+}
+_RULES = (
+    "The question must make sense to someone who has not seen the text: name the software or "
+    'topic, never say "the passage" or "the text", and use your own words rather than '
+    "copying a sentence."
+)
+
+
+def passage_block(passages: Sequence[str]) -> str:
+    """The shared start of every prompt about these passages (so llama.cpp's prompt cache
+    reuses it between writing, rereading and judging)."""
+    if len(passages) == 1:
+        return f'Passage:\n"""\n{passages[0]}\n"""\n\n'
+    return "".join(f'Passage {n}:\n"""\n{p}\n"""\n\n' for n, p in enumerate(passages, 1))
+
+
+def writer_messages(kind: str, passages: Sequence[str]) -> Messages:
+    if kind == "near_miss":
+        task = (
+            "Write one question on the same topic, using its terms, that a reader might expect "
+            "it to answer but that it does NOT answer. " + _RULES + "\nReply in exactly two "
+            "lines:\nQuestion: <the question>\nAnswer: NONE"
+        )
+    else:
+        task = (
+            "Write one question a user of this software might ask that the text answers. "
+            + _ASK[kind]
+            + " "
+            + _RULES
+            + "\nReply in exactly two lines:\nQuestion: <the question>\nAnswer: <the shortest "
+            "span copied exactly from the text that answers it>"
+        )
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": passage_block(passages) + task},
+    ]
+
+
+def reread_messages(passage: str, question: str) -> Messages:
+    task = (
+        f"Question: {question}\nAnswer with the shortest phrase copied from the passage, or "
+        "NONE if the passage does not answer the question."
+    )
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": passage_block([passage]) + task},
+    ]
+
+
+def judge_messages(passage: str, question: str) -> Messages:
+    task = f"Question: {question}\nDoes the passage answer the question? Reply Yes or No."
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": passage_block([passage]) + task},
+    ]
+
+
+_QUESTION = re.compile(r"^\s*\**question\**\s*[:：]\**\s*(.+?)\s*$", re.I | re.M)
+_ANSWER = re.compile(r"^\s*\**answer\**\s*[:：]\**\s*(.+?)\s*$", re.I | re.M)
+_NONE = re.compile(r"^\W*none\W*$", re.I)
+
+
+def parse_reply(reply: str) -> tuple[str, str] | None:
+    """``(question, answer)`` from the writer's two lines; None when they do not parse."""
+    q, a = _QUESTION.search(reply), _ANSWER.search(reply)
+    if q is None or a is None:
+        return None
+    answer = a.group(1).strip().strip("`\"'").strip()
+    return q.group(1).strip(), "" if _NONE.match(answer) else answer
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[`\"'“”‘’*]", "", text).lower().split())
+
+
+def occurs(span: str, text: str) -> bool:
+    """``span`` in ``text``, case- and space-insensitively, not inside a longer word."""
+    s = _norm(span).rstrip(".,;:")
+    if not s:
+        return False
+    return re.search(rf"(?<!\w){re.escape(s)}(?!\w)", _norm(text)) is not None
+
+
+def same_answer(reply: str, span: str) -> bool:
+    """The reread reply gives the span: one holds the other, or it has most of its words."""
+    if not reply or _NONE.match(reply):
+        return False
+    if occurs(span, reply) or occurs(reply, span):
+        return True
+    want = set(re.findall(r"\w+", _norm(span)))
+    got = set(re.findall(r"\w+", _norm(reply)))
+    return bool(want) and len(want & got) >= 0.6 * len(want)
+
+
+def well_formed(question: str, answer: str, kind: str) -> bool:
+    words = question.split()
+    if not 4 <= len(words) <= 40 or not question.endswith("?"):
+        return False
+    if re.search(
+        r"\b(?:the|this|that|above|given) (?:passage|text|excerpt|paragraph)\b", question, re.I
+    ):
+        return False
+    if kind == "near_miss":
+        return not answer
+    return bool(answer) and len(answer.split()) <= 20 and not occurs(answer, question)
+
+
+def head(text: str, words: int) -> str:
+    parts = text.split()
+    return text if len(parts) <= words else " ".join(parts[:words]) + " ..."
+
+
+def kinds_for(chunk: Chunk, allowed: Sequence[str]) -> list[tuple[str, int]]:
+    """The kinds a passage can carry, with their weights."""
+    if chunk.kind == "table":
+        weights = {"table": 4, "near_miss": 1}
+    else:
+        weights = {"factoid": 3, "procedural": 2, "multi_hop": 1, "near_miss": 2}
+        if re.search(r"\d", chunk.text):
+            weights["numeric"] = 2
+    return [(k, w) for k, w in weights.items() if k in allowed]
+
+
+class QuestionWriter:
+    """Writes and checks questions over an index's chunks with a :class:`Teacher`."""
+
+    def __init__(
+        self, chunks: Sequence[Chunk], search: Search, teacher: Teacher, config: QuestionConfig
+    ) -> None:
+        self.chunks = chunks
+        self.search = search
+        self.teacher = teacher
+        self.config = config.validate()
+        rows = [
+            r
+            for r, c in enumerate(chunks)
+            if len(c.text.split()) >= config.min_words and c.quality >= 0.5
+        ]
+        random.Random(config.seed).shuffle(rows)
+        if not rows:
+            raise FailedPrecondition(
+                f"no passage of {config.min_words}+ words in the index: ingest PDFs first"
+            )
+        self.rows = rows
+
+    def item(self, i: int) -> Item:
+        """Attempt item ``i`` (deterministic for the seed)."""
+        started = time.perf_counter()
+        rng = random.Random(f"{self.config.seed}:{i}")
+        row = self.rows[i % len(self.rows)]
+        chunk = self.chunks[row]
+        options = kinds_for(chunk, self.config.kinds)
+        if not options:
+            return Item(i, "", chunk.chunk_id, status="no_kind")
+        kind = rng.choices([k for k, _ in options], [w for _, w in options])[0]
+        item = Item(i, kind, chunk.chunk_id)
+        try:
+            self._attempt(item, row, rng)
+        finally:
+            item.seconds = round(time.perf_counter() - started, 2)
+        return item
+
+    def _attempt(self, item: Item, row: int, rng: random.Random) -> None:
+        cfg = self.config
+        rows = [row]
+        if item.kind == "multi_hop":
+            partner = self._partner(row)
+            if partner is None:
+                item.status = "no_partner"
+                return
+            rows.append(partner)
+        shown = [head(self.chunks[r].text, cfg.prompt_words) for r in rows]
+        # Read afresh: the item's question must not depend on the items before it. Its
+        # reread and judgements then reuse this prompt's passage, the same way every run.
+        reply = self.teacher.text(writer_messages(item.kind, shown), 96, reuse_prefix=False)
+        parsed = parse_reply(reply)
+        if parsed is None:
+            item.status = "format"
+            return
+        item.question, item.answer = parsed
+        if not well_formed(item.question, item.answer, item.kind):
+            item.status = "format"
+            return
+        if item.kind != "near_miss":
+            holders = [r for r, text in zip(rows, shown, strict=True) if occurs(item.answer, text)]
+            if not holders:
+                item.status = "span"
+                return
+            rows = holders[:1] + [r for r in rows if r not in holders[:1]]
+        ranked = self.search(item.question, max(cfg.top_k, cfg.hard_negatives + len(rows)))
+        if rows[0] not in ranked[: cfg.top_k]:
+            item.status = "retrieval"
+            return
+        source = self.chunks[rows[0]]
+        text0 = head(source.text, cfg.prompt_words)
+        if item.kind == "near_miss":
+            p = self.teacher.yes_probability(judge_messages(text0, item.question))
+            if p > cfg.judge_no:
+                item.status = "reread"
+                return
+            item.pairs.append(self._pair(source, 0, "near_miss", p))
+        else:
+            reply = self.teacher.text(reread_messages(text0, item.question), 32)
+            if not same_answer(reply.strip(), item.answer):
+                item.status = "reread"
+                return
+            item.pairs.append(self._pair(source, 1, "positive", None))
+        others = [r for r in ranked if r not in rows][: cfg.hard_negatives]
+        if item.kind == "multi_hop":
+            others = rows[1:] + others[: max(0, cfg.hard_negatives - 1)]
+        for r in others:
+            chunk = self.chunks[r]
+            p = self.teacher.yes_probability(
+                judge_messages(head(chunk.text, cfg.prompt_words), item.question)
+            )
+            if p >= cfg.judge_yes:
+                item.pairs.append(self._pair(chunk, 1, "judged_positive", p))
+            elif p <= cfg.judge_no:
+                item.pairs.append(self._pair(chunk, 0, "hard_negative", p))
+
+    def _partner(self, row: int) -> int | None:
+        """The passage of the same document that retrieval ranks closest to ``row``'s opening."""
+        chunk = self.chunks[row]
+        probe = " ".join([*chunk.title_path[-1:], head(chunk.text, 30)])
+        for r in self.search(probe, 10):
+            if r != row and self.chunks[r].doc_id == chunk.doc_id:
+                return r
+        return None
+
+    @staticmethod
+    def _pair(chunk: Chunk, label: int, source: str, p_yes: float | None) -> dict[str, Any]:
+        return {
+            "chunk_id": chunk.chunk_id,
+            "passage": chunk.text,
+            "context": chunk_context(chunk),
+            "label": label,
+            "source": source,
+            "p_yes": None if p_yes is None else round(p_yes, 4),
+        }
+
+
+def read_file(path: Path) -> tuple[dict[str, Any] | None, list[Item]]:
+    """The header and the finished items of a questions file (a torn last line is ignored)."""
+    if not path.exists():
+        return None, []
+    header: dict[str, Any] | None = None
+    items: list[Item] = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if not line.endswith("\n"):
+                break  # written while the process died: redone on resume
+            record = json.loads(line)
+            if n == 0:
+                if record.get("format") != FORMAT:
+                    raise InvalidArgument.for_field("out", f"{path} is not a {FORMAT} file")
+                header = record
+            else:
+                items.append(Item(**record))
+    return header, items
+
+
+def _truncate_torn(path: Path) -> None:
+    data = path.read_bytes()
+    cut = data.rfind(b"\n") + 1
+    if cut != len(data):
+        with path.open("r+b") as f:
+            f.truncate(cut)
+
+
+def run(
+    writer: QuestionWriter,
+    path: Path,
+    header: dict[str, Any],
+    progress: Callable[[Item, int], None] | None = None,
+) -> list[Item]:
+    """Write items to ``path`` until ``max_questions`` are kept (resuming a file with the same
+    provenance). Returns every item in the file."""
+    header = {"format": FORMAT, "version": FORMAT_VERSION} | header
+    old, items = read_file(path)
+    same = ("format", "version", "model_sha256", "seed", "config", "index")
+    if old is not None and any(old.get(k) != header.get(k) for k in same):
+        raise FailedPrecondition(
+            f"{path} was written with other settings, model or index; choose another --out "
+            "or delete it"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if old is None:
+        with path.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(header, ensure_ascii=False) + "\n")
+    else:
+        _truncate_torn(path)
+    kept = sum(1 for it in items if it.status == "kept")
+    cfg = writer.config
+    with path.open("a", encoding="utf-8") as f:
+        for i in range(len(items), cfg.attempts):
+            if kept >= cfg.max_questions:
+                break
+            item = writer.item(i)
+            f.write(json.dumps(asdict(item), ensure_ascii=False) + "\n")
+            f.flush()
+            items.append(item)
+            kept += item.status == "kept"
+            if progress is not None:
+                progress(item, kept)
+    return items
+
+
+def pairs_from_items(items: Sequence[Item]) -> Iterator[Pair]:
+    """Training pairs of the kept items (group: the item, so splits never cut a question)."""
+    for item in items:
+        if item.status != "kept":
+            continue
+        for p in item.pairs:
+            yield Pair(
+                item.question,
+                p["passage"],
+                int(p["label"]),
+                f"llm{item.i}",
+                f"llm_{item.kind}_{p['source']}",
+                p.get("context", ""),
+            )
+
+
+def summary(items: Sequence[Item]) -> dict[str, Any]:
+    kept = [it for it in items if it.status == "kept"]
+    statuses: dict[str, int] = {}
+    kinds: dict[str, int] = {}
+    for it in items:
+        statuses[it.status] = statuses.get(it.status, 0) + 1
+    for it in kept:
+        kinds[it.kind] = kinds.get(it.kind, 0) + 1
+    pairs = [p for it in kept for p in it.pairs]
+    return {
+        "attempts": len(items),
+        "kept": len(kept),
+        "statuses": statuses,
+        "kinds": kinds,
+        "pairs": len(pairs),
+        "positive_pairs": sum(p["label"] for p in pairs),
+        "seconds_per_attempt": round(sum(it.seconds for it in items) / max(1, len(items)), 2),
+    }

@@ -1,0 +1,133 @@
+"""The checks that decide which LLM-written questions are kept, and the questions file format."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from credibility.llm_questions import (
+    FORMAT,
+    Item,
+    QuestionConfig,
+    kinds_for,
+    occurs,
+    pairs_from_items,
+    parse_reply,
+    read_file,
+    same_answer,
+    summary,
+    well_formed,
+)
+from credibility.pairs import read_pairs
+from ragline.errors import InvalidArgument
+from ragline.types import Chunk
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_writer_reply_parses_into_question_and_span() -> None:
+    reply = "Question: Which flag makes the frobnicator quiet?\nAnswer: `--silent`"
+    assert parse_reply(reply) == ("Which flag makes the frobnicator quiet?", "--silent")
+    assert parse_reply("**Question:** Is it on?\n**Answer:** NONE") == ("Is it on?", "")
+    assert parse_reply("The frobnicator is quiet.") is None
+
+
+def test_spans_match_at_word_boundaries_only() -> None:
+    text = "Set   the Timeout to 30 seconds; the draw call is cheap."
+    assert occurs("timeout to 30", text)
+    assert occurs("30 seconds.", text)  # trailing punctuation of the span is not required
+    assert not occurs("raw", text)
+    assert not occurs("3", text)
+    assert not occurs("", text)
+
+
+def test_a_reread_reply_must_give_the_span() -> None:
+    assert same_answer("The `--silent` flag.", "--silent")
+    assert same_answer("30", "30 seconds")
+    assert same_answer("timeout of thirty seconds for each probe", "each probe timeout")
+    assert not same_answer("NONE", "--silent")
+    assert not same_answer("--verbose", "--silent")
+    assert not same_answer("", "--silent")
+
+
+def test_malformed_questions_are_refused() -> None:
+    assert well_formed("Which flag makes the frobnicator quiet?", "--silent", "factoid")
+    assert not well_formed("Which flag makes it quiet", "--silent", "factoid")  # no "?"
+    assert not well_formed("What does the passage say about flags?", "x", "factoid")
+    assert not well_formed("Does --silent make the frobnicator quiet?", "--silent", "factoid")
+    assert not well_formed("Which flag?", "--silent", "factoid")  # too short to be asked
+    assert well_formed("Which port does the frobnicator listen on by default?", "", "near_miss")
+    assert not well_formed("Which port does the frobnicator use?", "8080", "near_miss")
+
+
+def test_kinds_follow_the_passage() -> None:
+    table = Chunk("c1", "d", 0, "| a | b |\n|---|---|\n| 1 | 2 |", (1,), kind="table")
+    prose = Chunk("c2", "d", 1, "Use the quiet flag to silence the daemon.", (1,))
+    numbers = Chunk("c3", "d", 2, "The daemon keeps 12 log files.", (1,))
+    assert {k for k, _ in kinds_for(table, QuestionConfig().kinds)} == {"table", "near_miss"}
+    assert "numeric" not in {k for k, _ in kinds_for(prose, QuestionConfig().kinds)}
+    assert "numeric" in {k for k, _ in kinds_for(numbers, QuestionConfig().kinds)}
+    assert kinds_for(prose, ("table",)) == []
+
+
+def test_config_bounds() -> None:
+    with pytest.raises(InvalidArgument):
+        QuestionConfig(kinds=("riddle",)).validate()
+    with pytest.raises(InvalidArgument):
+        QuestionConfig(judge_yes=0.2, judge_no=0.4).validate()
+    assert QuestionConfig(max_questions=5).attempts == 20
+
+
+def _pair(label: int, source: str) -> dict:
+    passage = "The frobnicator daemon listens on port 7070 unless --port is given."
+    return {
+        "chunk_id": f"c{label}",
+        "passage": passage,
+        "context": "frob manual Networking",
+        "label": label,
+        "source": source,
+        "p_yes": None,
+    }
+
+
+def test_a_questions_file_reads_as_training_pairs(tmp_path: Path) -> None:
+    items = [
+        Item(
+            0,
+            "numeric",
+            "c1",
+            "kept",
+            "Which port does frobd use?",
+            "7070",
+            [_pair(1, "positive"), _pair(0, "hard_negative")],
+        ),
+        Item(1, "factoid", "c2", "reread", "Who wrote frobd?", "Ann"),
+        Item(2, "near_miss", "c3", "kept", "Does frobd speak IPv6?", "", [_pair(0, "near_miss")]),
+    ]
+    path = tmp_path / "q.jsonl"
+    header = {"format": FORMAT, "version": 1, "seed": 0}
+    lines = [json.dumps(header)] + [json.dumps(asdict(it)) for it in items]
+    path.write_text("\n".join(lines) + "\n" + '{"i": 3, "kind": "fac')  # a torn last line
+    head, read = read_file(path)
+    assert head == header and [it.i for it in read] == [0, 1, 2]
+    pairs = read_pairs(path)
+    assert [(p.label, p.source, p.group) for p in pairs] == [
+        (1, "llm_numeric_positive", "llm0"),
+        (0, "llm_numeric_hard_negative", "llm0"),
+        (0, "llm_near_miss_near_miss", "llm2"),
+    ]
+    assert pairs[0].context == "frob manual Networking"
+    s = summary(read)
+    assert (s["attempts"], s["kept"], s["pairs"], s["positive_pairs"]) == (3, 2, 3, 1)
+    assert s["statuses"] == {"kept": 2, "reread": 1}
+    assert list(pairs_from_items([items[1]])) == []
+
+
+def test_another_jsonl_is_not_taken_for_a_questions_file(tmp_path: Path) -> None:
+    path = tmp_path / "other.jsonl"
+    path.write_text('{"query": "q", "passage": "p", "label": 1}\n')
+    with pytest.raises(InvalidArgument):
+        read_file(path)
