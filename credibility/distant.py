@@ -66,7 +66,7 @@ class DistantConfig:
     answer_deleted_rate: float = 0.0
     """Share of questions that also get an ``answer_deleted`` negative. Off by default: the
     packaged 2-layer model cannot tell them from positives (held-out model AUC 0.87 → 0.78),
-    so calibration then pushes nearly everything under 0.85 (measured, see the README)."""
+    so calibration then pushes nearly everything under 0.85 (measured, see docs/EXPERIMENTS.md)."""
     """Share of questions given a document prefix, and (independently) extra context words."""
     min_sentence_words: int = 8
     max_sentence_words: int = 40
