@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 FULL ?= 0
 CORPUS ?= data/corpus
 PORT ?= 50051
+QUESTIONS ?= data/credibility/r-manuals-questions.jsonl
 
 .PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-ingest bench-generate bench-security clean
 
@@ -29,11 +30,14 @@ corpus:
 ingest:
 	$(BIN)/ragline ingest $(CORPUS)
 
-## credibility: train + calibrate the credibility classifier from the ingested index, unless
-##      var/models/credibility already holds one calibrated on this code's features
-##      (retrain: ragline credibility train)
+## credibility: train + calibrate the credibility classifier from the ingested index and the
+##      committed LLM-written questions ($(QUESTIONS), made by `ragline credibility
+##      questions`; they are also the held-out calibration set), unless var/models/credibility
+##      already holds one calibrated on this code's features (retrain: ragline credibility train)
 credibility:
-	@$(BIN)/ragline credibility train --if-missing || echo "warning: no credibility model" \
+	@$(BIN)/ragline credibility train --if-missing \
+	  $(if $(wildcard $(QUESTIONS)),--pairs $(QUESTIONS) --with-corpus) \
+	  || echo "warning: no credibility model" \
 	  "(see above); the server filters evidence by the SPLADE score floor instead" >&2
 
 serve:

@@ -29,7 +29,8 @@ PACKAGED_BASE = PACKAGED_SPLADE
 
 PACKAGED_BASES = (PACKAGED_SPLADE, PACKAGED_MINILM)
 """Bases that load with no network: the default, and the 6-layer, 384-wide BERT body of the
-packaged all-MiniLM-L6-v2 (reads generated questions better, ~8x slower: see docs/EXPERIMENTS.md)."""
+packaged all-MiniLM-L6-v2 (reads generated questions better, ~8x slower: see
+docs/EXPERIMENTS.md)."""
 
 
 def resolve_base(name: str) -> str:

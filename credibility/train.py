@@ -50,6 +50,14 @@ class TrainConfig:
     holdout: float = 0.2
     """Share of question groups held out of training: the calibrator is fitted on all of them;
     the report's held-out figures score each half with a fit on the other (cross-fitting)."""
+    calibrate_on: str = "llm_"
+    """Pairs whose source starts with this (the LLM-written questions of ``ragline credibility
+    questions``), when there are any, are the held-out set instead of a share of all pairs:
+    their questions read like people's, the template questions do not, and a calibrator
+    fitted on templates kept too few of the passages that answer people's questions. ``""``:
+    hold out a share of all pairs."""
+    calibrate_holdout: float = 0.5
+    """Share of the ``calibrate_on`` question groups held out (the rest are trained on)."""
     calibration: Method = "isotonic"
     lexical: bool = True
     """Calibrate on the model's logit plus the lexical-entailment features (see
@@ -66,6 +74,7 @@ class TrainConfig:
             ("max_length", self.max_length >= 16, "must be >= 16"),
             ("max_words", self.max_words >= 1, "must be >= 1"),
             ("holdout", 0 < self.holdout < 1, "must be in (0, 1)"),
+            ("calibrate_holdout", 0 < self.calibrate_holdout < 1, "must be in (0, 1)"),
         )
         for field, ok, why in checks:
             if not ok:
@@ -73,8 +82,17 @@ class TrainConfig:
         return self
 
 
-def split_groups(pairs: Sequence[Pair], holdout: float, seed: int) -> tuple[list, list, list]:
-    groups = sorted({p.group for p in pairs})
+def split_groups(
+    pairs: Sequence[Pair], holdout: float, seed: int, prefer: str = "", prefer_holdout: float = 0.5
+) -> tuple[list, list, list]:
+    """(train, calibration, test) by question group. With ``prefer``, only groups with a pair
+    whose source starts with it are held out (``prefer_holdout`` of them), when there are at
+    least 20; every other group is trained on."""
+    preferred = sorted({p.group for p in pairs if prefer and p.source.startswith(prefer)})
+    if len(preferred) >= 20:
+        groups, holdout = preferred, prefer_holdout
+    else:
+        groups = sorted({p.group for p in pairs})
     random.Random(seed).shuffle(groups)
     n_out = max(2, int(len(groups) * holdout))
     calib = set(groups[: n_out // 2])
@@ -109,7 +127,9 @@ def train(
     torch.manual_seed(config.seed)
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    train_set, calib_set, test_set = split_groups(pairs, config.holdout, config.seed)
+    train_set, calib_set, test_set = split_groups(
+        pairs, config.holdout, config.seed, config.calibrate_on, config.calibrate_holdout
+    )
     for name, part in (("training", train_set), ("calibration", calib_set), ("test", test_set)):
         if len({p.label for p in part}) < 2:
             raise InvalidArgument.for_field(
@@ -198,6 +218,7 @@ def train(
             "train": len(train_set),
             "calibration": len(calib_set),
             "test": len(test_set),
+            "held_out_sources": dict(Counter(p.source for p in [*calib_set, *test_set])),
             "by_source": dict(Counter(p.source for p in pairs)),
             "positive_share": float(np.mean([p.label for p in pairs])),
         },

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import secrets
 import threading
 import time
@@ -287,22 +286,6 @@ class LlamaCppBackend:
         response = self.complete(messages, max_new_tokens, reuse_prefix=reuse_prefix)
         message = response["choices"][0].get("message") or {}
         return str(message.get("content") or "")
-
-    def yes_probability(self, messages: list[dict[str, str]]) -> float:
-        """P("yes") / (P("yes") + P("no")) over the reply's first token: the model as a yes/no
-        judge. 0.5 when neither is among its 20 likeliest first tokens."""
-        choice = self.complete(messages, 1, top_logprobs=20)["choices"][0]
-        content = (choice.get("logprobs") or {}).get("content") or [{}]
-        yes = no = 0.0
-        for item in content[0].get("top_logprobs") or ():
-            word = str(item.get("token", "")).strip().lower()
-            if word in ("yes", "no"):
-                prob = math.exp(float(item.get("logprob", -math.inf)))
-                if word == "yes":
-                    yes += prob
-                else:
-                    no += prob
-        return yes / (yes + no) if yes + no > 0 else 0.5
 
     async def stream(
         self, messages: list[dict[str, str]], max_new_tokens: int

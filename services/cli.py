@@ -623,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cell, two-passage, near miss), each with its answer span. A question is kept only if "
         "the span is in the passage, ragline's retrieval ranks the passage in its top 10, and "
         "the LLM, rereading only that passage, answers with the span. Hard negatives from "
-        "ragline's retrieval are labelled by the LLM as a yes/no judge. Deterministic for a "
+        "ragline's retrieval are labelled by the LLM reading each of them. Deterministic for a "
         "seed; resumable (rerun with the same --out to continue). Slow on a CPU (~20 s per "
         "attempt with the 1.5B model on 2 cores); the output is training data for "
         "`ragline credibility train --pairs FILE`.",
@@ -646,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hard-negatives",
         type=int,
         default=1,
-        help="retrieved passages per question labelled by the LLM judge (default 1)",
+        help="retrieved passages per question labelled by the LLM reader (default 1)",
     )
     p.add_argument("--kinds", help="comma-separated subset of the question kinds")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

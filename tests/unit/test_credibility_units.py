@@ -371,3 +371,19 @@ def test_both_packaged_bases_resolve_and_a_bad_base_fails_before_generation(
     assert main([*argv, "--epochs", "0"]) == 2
     assert "epochs: must be >= 1" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_llm_written_questions_are_the_held_out_set_when_there_are_enough() -> None:
+    from credibility.pairs import Pair
+    from credibility.train import split_groups
+
+    templates = [Pair(f"t{i}?", "p", i % 2, f"g{i}", "positive") for i in range(100)]
+    llm = [Pair(f"l{i}?", "p", i % 2, f"llm{i}", "llm_factoid_positive") for i in range(40)]
+    train, calib, test = split_groups(templates + llm, 0.2, 0, "llm_", 0.5)
+    held = calib + test
+    assert len(held) == 20 and all(p.source.startswith("llm_") for p in held)
+    assert {p.group for p in templates} <= {p.group for p in train}
+    assert not {p.group for p in held} & {p.group for p in train}
+    # Too few LLM questions: a share of all groups, as without them.
+    train, calib, test = split_groups(templates + llm[:10], 0.2, 0, "llm_", 0.5)
+    assert len(calib + test) == 22

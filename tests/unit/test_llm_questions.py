@@ -77,7 +77,7 @@ def test_config_bounds() -> None:
     with pytest.raises(InvalidArgument):
         QuestionConfig(kinds=("riddle",)).validate()
     with pytest.raises(InvalidArgument):
-        QuestionConfig(judge_yes=0.2, judge_no=0.4).validate()
+        QuestionConfig(max_questions=0).validate()
     assert QuestionConfig(max_questions=5).attempts == 20
 
 
