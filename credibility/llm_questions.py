@@ -9,10 +9,11 @@ question, or a near miss on the passage's topic that the passage leaves open —
 span copied from the passage. A question is kept only when it passes checks:
 
 - ``format``: the reply parses into a question of 4-40 words ending in "?" that does not name
-  "the passage", and (answerable kinds) an answer span of at most 20 words;
+  "the passage", and (answerable kinds) an answer the question does not already hold;
 - ``span``: the span occurs in the passage (case- and space-insensitive, at word boundaries);
-  when the writer put a one-passage answer in its own words, the reread's reply (below) must
-  occur in the passage and agree with the writer's, and it becomes the span;
+  when the writer put a one-passage answer in its own words or in more than 12 words, the
+  reread's reply (below) must occur in the passage and agree with the writer's, and it
+  becomes the span;
 - ``retrieval``: ragline's own sparse retrieval ranks the passage in its top ``top_k``
   (a question nobody could route to its passage teaches nothing about the filter's inputs);
 - ``reread``: the LLM, reading only that passage, answers the question with the span
@@ -57,6 +58,12 @@ from ragline.types import Chunk
 FORMAT = "ragline-questions"
 FORMAT_VERSION = 1
 
+RULES_VERSION = 2
+"""The checks' version, recorded in a file's header: a file is only continued by the same rules.
+1: answers over 20 words refused; 2: rescued by the reread's shorter span."""
+
+MAX_SPAN_WORDS = 12
+
 KINDS = ("factoid", "numeric", "procedural", "table", "multi_hop", "near_miss")
 
 Search = Callable[[str, int], list[int]]
@@ -82,7 +89,8 @@ class QuestionConfig:
     """Stop after this many items, kept or not (0: 4 x ``max_questions``)."""
     top_k: int = 10
     hard_negatives: int = 1
-    prompt_words: int = 220
+    rules: int = RULES_VERSION
+    prompt_words: int = 180
     """Words of a passage the LLM reads (the first ones); the pairs carry the whole passage."""
     min_words: int = 40
     """Passages shorter than this are not asked about."""
@@ -160,7 +168,7 @@ def writer_messages(kind: str, passages: Sequence[str]) -> Messages:
             + " "
             + _RULES
             + "\nReply in exactly two lines:\nQuestion: <the question>\nAnswer: <the shortest "
-            "span copied exactly from the text that answers it>"
+            "span, a few words copied exactly from the text, that answers it>"
         )
     return [
         {"role": "system", "content": SYSTEM},
@@ -226,7 +234,7 @@ def well_formed(question: str, answer: str, kind: str) -> bool:
         return False
     if kind == "near_miss":
         return not answer
-    return bool(answer) and len(answer.split()) <= 20 and not occurs(answer, question)
+    return bool(answer) and not occurs(answer, question)
 
 
 def head(text: str, words: int) -> str:
@@ -311,8 +319,11 @@ class QuestionWriter:
             if not holders and item.kind == "multi_hop":
                 item.status = "span"
                 return
-            # A one-passage answer in the writer's own words: the reread must find it there.
-            paraphrased = not holders
+            # A one-passage answer in the writer's own words, or a whole sentence: the reread
+            # must find it there, in fewer words.
+            paraphrased = not holders or len(item.answer.split()) > MAX_SPAN_WORDS
+            if item.kind == "numeric" and not re.search(r"\d", item.answer):
+                item.kind = "factoid"  # asked for a number, wrote another question
             rows = holders[:1] + [r for r in rows if r not in holders[:1]]
         ranked = self.search(item.question, max(cfg.top_k, cfg.hard_negatives + len(rows)))
         if rows[0] not in ranked[: cfg.top_k]:
@@ -336,7 +347,7 @@ class QuestionWriter:
                 ):
                     item.status = "span"
                     return
-                if len(reply.split()) > 20 or occurs(reply, item.question):
+                if len(reply.split()) > MAX_SPAN_WORDS or occurs(reply, item.question):
                     item.status = "span"
                     return
                 item.answer = reply.strip().rstrip(".")
