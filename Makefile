@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 FULL ?= 0
 CORPUS ?= data/corpus
 PORT ?= 50051
-QUESTIONS ?= data/credibility/r-manuals-questions.jsonl
+QUESTIONS ?= data/credibility/*.jsonl
 
 .PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-ingest bench-generate bench-security clean
 
@@ -36,7 +36,7 @@ ingest:
 ##      already holds one calibrated on this code's features (retrain: ragline credibility train)
 credibility:
 	@$(BIN)/ragline credibility train --if-missing \
-	  $(if $(wildcard $(QUESTIONS)),--pairs $(QUESTIONS) --with-corpus) \
+	  $(if $(wildcard $(QUESTIONS)),$(foreach f,$(wildcard $(QUESTIONS)),--pairs $(f)) --with-corpus) \
 	  || echo "warning: no credibility model" \
 	  "(see above); the server filters evidence by the SPLADE score floor instead" >&2
 

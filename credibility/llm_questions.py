@@ -459,8 +459,9 @@ def run(
     return items
 
 
-def pairs_from_items(items: Sequence[Item]) -> Iterator[Pair]:
-    """Training pairs of the kept items (group: the item, so splits never cut a question)."""
+def pairs_from_items(items: Sequence[Item], tag: str = "") -> Iterator[Pair]:
+    """Training pairs of the kept items (group: the item, so splits never cut a question;
+    ``tag`` tells apart the items of different files)."""
     for item in items:
         if item.status != "kept":
             continue
@@ -469,7 +470,7 @@ def pairs_from_items(items: Sequence[Item]) -> Iterator[Pair]:
                 item.question,
                 p["passage"],
                 int(p["label"]),
-                f"llm{item.i}",
+                f"llm{tag}{item.i}",
                 f"llm_{item.kind}_{p['source']}",
                 p.get("context", ""),
             )

@@ -112,7 +112,7 @@ def _read_questions(path: Path) -> list[Pair]:
     """The kept questions of a ``ragline credibility questions`` file, as pairs."""
     from credibility.llm_questions import pairs_from_items, read_file
 
-    return list(pairs_from_items(read_file(path)[1]))
+    return list(pairs_from_items(read_file(path)[1], f":{path.name}:"))
 
 
 def _read_squad(path: Path) -> list[Pair]:

@@ -115,9 +115,9 @@ def test_a_questions_file_reads_as_training_pairs(tmp_path: Path) -> None:
     assert head == header and [it.i for it in read] == [0, 1, 2]
     pairs = read_pairs(path)
     assert [(p.label, p.source, p.group) for p in pairs] == [
-        (1, "llm_numeric_positive", "llm0"),
-        (0, "llm_numeric_hard_negative", "llm0"),
-        (0, "llm_near_miss_near_miss", "llm2"),
+        (1, "llm_numeric_positive", "llm:q.jsonl:0"),
+        (0, "llm_numeric_hard_negative", "llm:q.jsonl:0"),
+        (0, "llm_near_miss_near_miss", "llm:q.jsonl:2"),
     ]
     assert pairs[0].context == "frob manual Networking"
     s = summary(read)
