@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
 
+MIN_ISOTONIC_PAIRS = 1000
+"""Held-out pairs below which ``isotonic`` calibration falls back to the logistic fit alone."""
+
+
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
     base: str = PACKAGED_BASE
@@ -203,11 +207,15 @@ def train(
     # on both: 0.37 and 0.31). The held-out figures are 2-fold cross-fitted: each half is
     # scored by a calibrator fitted on the other, so no pair is scored by a fit that saw it.
     held = held_x[:, columns]
-    calibrator = calibration.fit(held, held_labels, config.calibration, names)
+    # Isotonic regression fits a step per few pairs: on a few hundred it follows their noise
+    # (scikit-learn's calibration guide gives the same warning), so small held-out sets get
+    # the logistic fit alone.
+    method = config.calibration
+    if method == "isotonic" and len(held_labels) < MIN_ISOTONIC_PAIRS:
+        method = "temperature"
+    calibrator = calibration.fit(held, held_labels, method, names)
     halves = np.r_[np.zeros(len(calib_x), int), np.ones(len(test_x), int)]
-    calibrated = calibration.cross_fitted(held, held_labels, halves, config.calibration, names)(
-        held
-    )
+    calibrated = calibration.cross_fitted(held, held_labels, halves, method, names)(held)
     held_logits = held_x[:, 0]
     raw = 1 / (1 + np.exp(-held_logits))
 
@@ -226,6 +234,7 @@ def train(
         },
         "train_seconds": round(train_seconds, 1),
         "final_loss": float(np.mean(losses[-20:])) if losses else None,
+        "calibration_method": method,
         "test": {
             "pairs": len(held_labels),
             "cross_fitted": True,
@@ -251,7 +260,7 @@ def train(
     calibration.plot_reliability(
         {
             "uncalibrated": calibration.reliability(raw, held_labels),
-            f"calibrated ({config.calibration})": report["test"]["reliability"],
+            f"calibrated ({method})": report["test"]["reliability"],
         },
         tmp / "reliability.png",
         "Credibility classifier, held-out generated pairs (2-fold cross-fitted)",

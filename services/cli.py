@@ -603,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         choices=["isotonic", "temperature"],
         default="isotonic",
-        help="calibration fitted on held-out pairs (default isotonic)",
+        help="calibration fitted on held-out pairs (default isotonic; with fewer than 1,000 "
+        "held-out pairs, the logistic fit alone, as temperature)",
     )
     p.add_argument("--save-pairs", help="also write the training pairs to this JSONL file")
     p.add_argument(
