@@ -64,6 +64,9 @@ class TrainConfig:
     """Share of the ``calibrate_on`` question groups held out (the rest are trained on). All of
     them by default: a few hundred LLM-written pairs move a model trained on ~13,000 template
     pairs little, and the calibrator needs every one of them."""
+    prior_shift: bool = True
+    """Move a logistic calibrator fitted on the LLM-written questions to the training pairs'
+    class balance (see :func:`train`)."""
     calibration: Method = "isotonic"
     lexical: bool = True
     """Calibrate on the model's logit plus the lexical-entailment features (see
@@ -216,6 +219,20 @@ def train(
     calibrator = calibration.fit(held, held_labels, method, names)
     halves = np.r_[np.zeros(len(calib_x), int), np.ones(len(test_x), int)]
     calibrated = calibration.cross_fitted(held, held_labels, halves, method, names)(held)
+    # LLM-written questions come with ~1 negative each; the filter sees top-k candidates of
+    # which far fewer answer. A logistic calibrator fitted at one class balance is moved to
+    # another by shifting its bias by the difference of the balances' log-odds (the prior
+    # correction): the target is the training pairs' balance (distant supervision's mix of a
+    # positive, its near miss and retrieved negatives, which models the filter's candidates).
+    shift = 0.0
+    llm_held = bool(config.calibrate_on) and all(
+        p.source.startswith(config.calibrate_on) for p in [*calib_set, *test_set]
+    )
+    if llm_held and method == "temperature" and config.prior_shift:
+        target = float(np.mean([p.label for p in train_set]))
+        shift = _log_odds(target) - _log_odds(float(held_labels.mean()))
+        calibrator.bias += shift
+        calibrated = 1 / (1 + np.exp(-(_log_odds_array(calibrated) + shift)))
     held_logits = held_x[:, 0]
     raw = 1 / (1 + np.exp(-held_logits))
 
@@ -235,6 +252,7 @@ def train(
         "train_seconds": round(train_seconds, 1),
         "final_loss": float(np.mean(losses[-20:])) if losses else None,
         "calibration_method": method,
+        "calibration_prior_shift": round(shift, 4),
         "test": {
             "pairs": len(held_labels),
             "cross_fitted": True,
@@ -272,6 +290,16 @@ def train(
     tmp.rename(out)
     shutil.rmtree(old, ignore_errors=True)
     return report
+
+
+def _log_odds(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return float(np.log(p / (1 - p)))
+
+
+def _log_odds_array(p: np.ndarray) -> np.ndarray:
+    q = np.clip(p, 1e-9, 1 - 1e-9)
+    return np.asarray(np.log(q / (1 - q)))
 
 
 def _auc(scores: np.ndarray, labels: np.ndarray) -> float | None:

@@ -279,6 +279,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate,
         seed=args.seed,
         calibration=args.calibration,
+        prior_shift=not args.no_prior_shift,
         max_length=settings.credibility.max_length,
         max_words=settings.credibility.max_words,
         threads=settings.server.threads,
@@ -605,6 +606,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="isotonic",
         help="calibration fitted on held-out pairs (default isotonic; with fewer than 1,000 "
         "held-out pairs, the logistic fit alone, as temperature)",
+    )
+    p.add_argument(
+        "--no-prior-shift",
+        action="store_true",
+        help="calibrating on LLM-written questions (about one negative each): keep their class "
+        "balance instead of moving the calibrator to the training pairs' balance",
     )
     p.add_argument("--save-pairs", help="also write the training pairs to this JSONL file")
     p.add_argument(
