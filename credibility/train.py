@@ -39,8 +39,9 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
 
-MIN_ISOTONIC_PAIRS = 1000
-"""Held-out pairs below which ``isotonic`` calibration falls back to the logistic fit alone."""
+MIN_CALIBRATION_QUESTIONS = 200
+"""LLM-written questions needed before they replace the held-out share of all pairs: on fewer
+(tried: 30 questions, ~50 pairs) a calibrator of 7 features follows their noise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +97,9 @@ def split_groups(
 ) -> tuple[list, list, list]:
     """(train, calibration, test) by question group. With ``prefer``, only groups with a pair
     whose source starts with it are held out (``prefer_holdout`` of them), when there are at
-    least 20; every other group is trained on."""
+    least ``MIN_CALIBRATION_QUESTIONS``; every other group is trained on."""
     preferred = sorted({p.group for p in pairs if prefer and p.source.startswith(prefer)})
-    if len(preferred) >= 20:
+    if len(preferred) >= MIN_CALIBRATION_QUESTIONS:
         groups, holdout = preferred, prefer_holdout
     else:
         groups = sorted({p.group for p in pairs})
@@ -210,12 +211,7 @@ def train(
     # on both: 0.37 and 0.31). The held-out figures are 2-fold cross-fitted: each half is
     # scored by a calibrator fitted on the other, so no pair is scored by a fit that saw it.
     held = held_x[:, columns]
-    # Isotonic regression fits a step per few pairs: on a few hundred it follows their noise
-    # (scikit-learn's calibration guide gives the same warning), so small held-out sets get
-    # the logistic fit alone.
     method = config.calibration
-    if method == "isotonic" and len(held_labels) < MIN_ISOTONIC_PAIRS:
-        method = "temperature"
     calibrator = calibration.fit(held, held_labels, method, names)
     halves = np.r_[np.zeros(len(calib_x), int), np.ones(len(test_x), int)]
     calibrated = calibration.cross_fitted(held, held_labels, halves, method, names)(held)
@@ -228,11 +224,14 @@ def train(
     llm_held = bool(config.calibrate_on) and all(
         p.source.startswith(config.calibrate_on) for p in [*calib_set, *test_set]
     )
-    if llm_held and method == "temperature" and config.prior_shift:
+    if llm_held and config.prior_shift:
         target = float(np.mean([p.label for p in train_set]))
         shift = _log_odds(target) - _log_odds(float(held_labels.mean()))
-        calibrator.bias += shift
-        calibrated = 1 / (1 + np.exp(-(_log_odds_array(calibrated) + shift)))
+        if calibrator.xs:  # isotonic: shift the calibrated values themselves
+            calibrator.ys = [float(v) for v in _shifted(np.asarray(calibrator.ys), shift)]
+        else:
+            calibrator.bias += shift
+        calibrated = _shifted(calibrated, shift)
     held_logits = held_x[:, 0]
     raw = 1 / (1 + np.exp(-held_logits))
 
@@ -297,9 +296,10 @@ def _log_odds(p: float) -> float:
     return float(np.log(p / (1 - p)))
 
 
-def _log_odds_array(p: np.ndarray) -> np.ndarray:
+def _shifted(p: np.ndarray, shift: float) -> np.ndarray:
+    """Probabilities with their log-odds moved by ``shift`` (a change of class balance)."""
     q = np.clip(p, 1e-9, 1 - 1e-9)
-    return np.asarray(np.log(q / (1 - q)))
+    return np.asarray(1 / (1 + np.exp(-(np.log(q / (1 - q)) + shift))))
 
 
 def _auc(scores: np.ndarray, labels: np.ndarray) -> float | None:

@@ -604,8 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibration",
         choices=["isotonic", "temperature"],
         default="isotonic",
-        help="calibration fitted on held-out pairs (default isotonic; with fewer than 1,000 "
-        "held-out pairs, the logistic fit alone, as temperature)",
+        help="calibration fitted on held-out pairs (default isotonic)",
     )
     p.add_argument(
         "--no-prior-shift",

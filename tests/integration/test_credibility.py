@@ -43,7 +43,7 @@ def rdata_store(
 def checkpoint(rdata_store: IndexStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # One manual, 400 questions: at the default 75% word dropout so few pairs teach the pair
     # model little (held-out AUC ~0.7); 40% keeps this a test of the machinery, in seconds.
-    config = DistantConfig(max_questions=400, word_dropout=0.4, seed=0)
+    config = DistantConfig(max_questions=400, questions_per_chunk=3, word_dropout=0.4, seed=0)
     pairs, _ = pairs_from_store(rdata_store, config)
     out = tmp_path_factory.mktemp("cred") / "model"
     train(pairs, out, TrainConfig(epochs=2, seed=0, threads=2))
@@ -58,7 +58,10 @@ def test_training_writes_a_calibrated_checkpoint(checkpoint: Path) -> None:
     test = report["test"]
     # Held-out generated questions (groups never seen in training): it learned something real.
     assert test["auc"] >= 0.75, test
-    assert test["ece_calibrated"] <= test["ece_uncalibrated"] + 0.02, test
+    # ~100 held-out pairs: their ECE moves by a few hundredths with the seed, so no comparison
+    # with the raw logit's (which can sit near the base rate by chance); an inverted or
+    # overconfident calibrator lands far above this.
+    assert test["ece_calibrated"] <= 0.10, test
     assert report["pairs"]["by_source"]["near_miss"] > 0
 
 

@@ -378,12 +378,12 @@ def test_llm_written_questions_are_the_held_out_set_when_there_are_enough() -> N
     from credibility.train import split_groups
 
     templates = [Pair(f"t{i}?", "p", i % 2, f"g{i}", "positive") for i in range(100)]
-    llm = [Pair(f"l{i}?", "p", i % 2, f"llm{i}", "llm_factoid_positive") for i in range(40)]
+    llm = [Pair(f"l{i}?", "p", i % 2, f"llm{i}", "llm_factoid_positive") for i in range(240)]
     train, calib, test = split_groups(templates + llm, 0.2, 0, "llm_", 0.5)
     held = calib + test
-    assert len(held) == 20 and all(p.source.startswith("llm_") for p in held)
+    assert len(held) == 120 and all(p.source.startswith("llm_") for p in held)
     assert {p.group for p in templates} <= {p.group for p in train}
     assert not {p.group for p in held} & {p.group for p in train}
     # Too few LLM questions: a share of all groups, as without them.
-    train, calib, test = split_groups(templates + llm[:10], 0.2, 0, "llm_", 0.5)
-    assert len(calib + test) == 22
+    train, calib, test = split_groups(templates + llm[:150], 0.2, 0, "llm_", 0.5)
+    assert len(calib + test) == 50
