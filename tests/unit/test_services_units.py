@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
@@ -63,3 +65,16 @@ def test_cli_reports_invalid_configuration(
     monkeypatch.setenv("RAGLINE_CACHE_TTL_S", "-1")
     assert main(["stats"]) == 2
     assert "invalid configuration" in capsys.readouterr().err
+
+
+def test_credibility_questions_refuses_bad_settings_before_loading_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    out = tmp_path / "q.jsonl"
+    assert main(["credibility", "questions", "--out", str(out), "--kinds", "riddle"]) != 0
+    assert "kinds" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(SystemExit):  # --out is required
+        main(["credibility", "questions"])
