@@ -393,6 +393,20 @@ class QuestionWriter:
         }
 
 
+def writer_for_store(store: Any, teacher: Teacher, config: QuestionConfig) -> QuestionWriter:
+    """A :class:`QuestionWriter` over an ingested index (an ``IndexStore``), its checks and
+    hard negatives searched exactly over the SPLADE index, as :func:`credibility.distant.
+    pairs_from_store` does."""
+    view = store.load()
+    encoder = store.encoder
+    encoder.warm_up()
+
+    def search(question: str, k: int) -> list[int]:
+        return [row for row, _ in view.sparse.search(encoder.encode_query(question), k)]
+
+    return QuestionWriter(view.chunks, search, teacher, config)
+
+
 def read_file(path: Path) -> tuple[dict[str, Any] | None, list[Item]]:
     """The header and the finished items of a questions file (a torn last line is ignored)."""
     if not path.exists():

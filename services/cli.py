@@ -340,7 +340,7 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
     import hashlib
     import shlex
 
-    from credibility.llm_questions import QuestionConfig, QuestionWriter, run, summary
+    from credibility.llm_questions import QuestionConfig, run, summary, writer_for_store
     from generator.llamacpp_backend import LlamaCppBackend
     from generator.models import resolve_gguf
     from services.server import build_store
@@ -359,19 +359,11 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
         while block := f.read(1 << 22):
             digest.update(block)
     settings.retriever.dense_model = ""  # checks and hard negatives use the sparse index
-    store = build_store(settings)
-    view = store.load()
-    encoder = store.encoder
-    encoder.warm_up()
-
-    def search(question: str, k: int) -> list[int]:
-        return [row for row, _ in view.sparse.search(encoder.encode_query(question), k)]
-
     # No cross-slot prompt cache: a reply must not depend on what earlier items left there.
     teacher = LlamaCppBackend(
         args.model, threads=args.threads, context_tokens=2048, cache_ram_mib=0
     )
-    writer = QuestionWriter(view.chunks, search, teacher, config)
+    writer = writer_for_store(build_store(settings), teacher, config)
     header = {
         "model": args.model,
         "model_file": gguf.name,
@@ -381,8 +373,8 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
             k: v for k, v in asdict(config).items() if k not in ("max_questions", "max_attempts")
         },
         "index": {
-            "documents": sorted({c.doc_id for c in view.chunks}),
-            "chunks": len(view.chunks),
+            "documents": sorted({c.doc_id for c in writer.chunks}),
+            "chunks": len(writer.chunks),
         },
         "command": "ragline credibility questions " + shlex.join(sys.argv[3:]),
     }

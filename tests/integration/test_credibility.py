@@ -262,23 +262,24 @@ def test_llm_written_questions_are_checked_deterministic_and_resumable(
     """A real teacher (SmolLM2 through llama.cpp: the fast one; `make` generates the committed
     questions with Qwen-1.5B) over a real manual: every kept question passed its checks, a
     rerun continues the file, and the same seed writes the same items."""
-    from credibility.llm_questions import QuestionConfig, QuestionWriter, occurs, read_file, run
+    from credibility.llm_questions import (
+        QuestionConfig,
+        occurs,
+        read_file,
+        run,
+        writer_for_store,
+    )
     from generator.llamacpp_backend import LlamaCppBackend
     from ragline.errors import FailedPrecondition
 
     view = rdata_store.load()
-    encoder = rdata_store.encoder
-
-    def search(question: str, k: int) -> list[int]:
-        return [row for row, _ in view.sparse.search(encoder.encode_query(question), k)]
-
     teacher = LlamaCppBackend(
         "packaged:smollm2-135m-instruct", threads=2, context_tokens=2048, cache_ram_mib=0
     )
     header = {"model": "smollm2", "model_sha256": "test", "seed": 3, "config": {}, "index": {}}
     try:
         config = QuestionConfig(seed=3, max_questions=50, max_attempts=4)
-        writer = QuestionWriter(view.chunks, search, teacher, config)
+        writer = writer_for_store(rdata_store, teacher, config)
         path = tmp_path / "q.jsonl"
         first = run(writer, path, header)
         assert [it.i for it in first] == [0, 1, 2, 3]
@@ -287,8 +288,8 @@ def test_llm_written_questions_are_checked_deterministic_and_resumable(
             for it in first
         )
         lines = path.read_text().splitlines()
-        more = QuestionWriter(
-            view.chunks, search, teacher, QuestionConfig(seed=3, max_questions=50, max_attempts=6)
+        more = writer_for_store(
+            rdata_store, teacher, QuestionConfig(seed=3, max_questions=50, max_attempts=6)
         )
         both = run(more, path, header)
         assert [it.i for it in both] == list(range(6))
