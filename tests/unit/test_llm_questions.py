@@ -34,18 +34,18 @@ def test_the_writer_reply_parses_into_question_and_span() -> None:
     assert parse_reply(reply) == ("Which flag makes the frobnicator quiet?", "--silent")
     assert parse_reply("**Question:** Is it on?\n**Answer:** NONE") == ("Is it on?", "")
     assert parse_reply("The frobnicator is quiet.") is None
-    # rules 3 asks for the answer first: the order of the two lines does not matter
+    # the answer line may come first
     first = "Answer: `--silent`\nQuestion: Which flag makes the frobnicator quiet?"
     assert parse_reply(first) == ("Which flag makes the frobnicator quiet?", "--silent")
 
 
-def test_the_writer_copies_its_answer_before_asking() -> None:
+def test_the_writer_asks_for_a_specific_question_with_an_example() -> None:
     for kind in ("factoid", "numeric", "procedural", "table"):
         prompt = writer_messages(kind, ["The frobnicator keeps 12 logs."])[1]["content"]
-        assert prompt.index("Answer:") < prompt.index("Question:")
+        assert "specific to this text" in prompt and "Example" in prompt
         assert "copied exactly" in prompt and "The frobnicator keeps 12 logs." in prompt
     near = writer_messages("near_miss", ["The frobnicator keeps 12 logs."])[1]["content"]
-    assert "Answer: NONE" in near
+    assert "Answer: NONE" in near and "Example" not in near
 
 
 def test_spans_match_at_word_boundaries_only() -> None:
