@@ -68,6 +68,7 @@ factoid and procedural ones)."""
 MAX_SPAN_WORDS = 12
 
 KINDS = ("factoid", "numeric", "procedural", "table", "multi_hop", "near_miss")
+MODES = ("write", "rewrite")
 
 Search = Callable[[str, int], list[int]]
 """A question, k → the rows of its top-k chunks, best first."""
@@ -98,6 +99,11 @@ class QuestionConfig:
     min_words: int = 40
     """Passages shorter than this are not asked about."""
     kinds: tuple[str, ...] = KINDS
+    mode: str = "write"
+    """``write``: the LLM reads a passage and writes a question of one of ``kinds``;
+    ``rewrite``: it rewrites a template question of :mod:`credibility.distant` (a sentence and
+    its answer span) in its own words — ~10x cheaper per kept question, see
+    :class:`TemplateRewriter`."""
 
     def validate(self) -> QuestionConfig:
         if self.max_questions < 1:
@@ -107,6 +113,8 @@ class QuestionConfig:
         unknown = set(self.kinds) - set(KINDS)
         if unknown or not self.kinds:
             raise InvalidArgument.for_field("kinds", f"choose from {', '.join(KINDS)}")
+        if self.mode not in MODES:
+            raise InvalidArgument.for_field("mode", f"choose from {', '.join(MODES)}")
         return self
 
     @property
@@ -248,7 +256,9 @@ def well_formed(question: str, answer: str, kind: str) -> bool:
     if not 4 <= len(words) <= 40 or not question.endswith("?"):
         return False
     if re.search(
-        r"\b(?:the|this|that|above|given) (?:passage|text|excerpt|paragraph)\b", question, re.I
+        r"\b(?:the|this|that|above|given) (?:passage|text|excerpt|paragraph|sentence)\b",
+        question,
+        re.I,
     ):
         return False
     if kind == "near_miss":
@@ -412,10 +422,107 @@ class QuestionWriter:
         }
 
 
-def writer_for_store(store: Any, teacher: Teacher, config: QuestionConfig) -> QuestionWriter:
-    """A :class:`QuestionWriter` over an ingested index (an ``IndexStore``), its checks and
-    hard negatives searched exactly over the SPLADE index, as :func:`credibility.distant.
-    pairs_from_store` does."""
+def rewrite_messages(sentence: str, context: str, answer: str) -> Messages:
+    """Ask for the question a user would put whose answer is ``answer`` (in ``sentence``)."""
+    task = (
+        f"This sentence is from {context}. Write the question a user of this software might "
+        f'ask whose answer is "{answer}". ' + _SPECIFIC + " " + _RULES + " Do not put the answer "
+        "in the question.\nReply in one line:\nQuestion: <the question>"
+    )
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": passage_block([sentence]) + task},
+    ]
+
+
+class TemplateRewriter:
+    """Rewrites template questions (:mod:`credibility.distant`: a sentence, its answer span,
+    the question cut from the sentence) into a user's words with a :class:`Teacher`.
+
+    The LLM reads one sentence, not a passage, and writes one line: a few seconds per item
+    where writing from a passage takes tens. A rewrite is kept when it is well formed (as
+    above, the span not in it), ragline's sparse top ``top_k`` holds its passage, and the LLM,
+    rereading the sentence (its prompt prefix reused), answers it with the span. Pairs: the
+    source passage (positive), the passage with the answer sentence cut out (negative, a near
+    miss), and the ``hard_negatives`` best-ranked other passages labelled by the span, as the
+    template pairs are (absent: negative; present in a sentence sharing half the question's
+    words: positive; else left out).
+    """
+
+    def __init__(
+        self, chunks: Sequence[Chunk], search: Search, teacher: Teacher, config: QuestionConfig
+    ) -> None:
+        from credibility.distant import DistantConfig, generate_questions
+
+        self.chunks = chunks
+        self.search = search
+        self.teacher = teacher
+        self.config = config.validate()
+        # Whole sentences (no word dropout, no context words): the LLM does the rewording.
+        template = DistantConfig(
+            max_questions=len(chunks), word_dropout=0.0, context_rate=0.0, seed=config.seed
+        )
+        self.questions = [
+            q
+            for q in generate_questions(chunks, template)
+            if len(chunks[q.row].text.split()) >= config.min_words and chunks[q.row].quality >= 0.5
+        ]
+        if not self.questions:
+            raise FailedPrecondition(
+                f"no passage of {config.min_words}+ words with a question-worthy sentence in the "
+                "index: ingest PDFs first"
+            )
+
+    def item(self, i: int) -> Item:
+        """Attempt item ``i`` (deterministic for the seed)."""
+        from credibility.distant import Question, answers_in_context
+
+        started = time.perf_counter()
+        template = self.questions[i % len(self.questions)]
+        source = self.chunks[template.row]
+        item = Item(i, "rewrite", source.chunk_id, answer=template.answer)
+        try:
+            context = chunk_context(source) or "a technical manual"
+            messages = rewrite_messages(template.sentence, context, template.answer)
+            reply = self.teacher.text(messages, 48, reuse_prefix=False)
+            found = _QUESTION.search(reply)  # the model often leaves out "Question:"
+            lines = [line.strip() for line in reply.splitlines() if line.strip()]
+            item.question = found.group(1).strip() if found else (lines[0] if lines else "")
+            if not well_formed(item.question, item.answer, "rewrite"):
+                item.status = "format"
+                return item
+            ranked = self.search(item.question, self.config.top_k + self.config.hard_negatives)
+            if template.row not in ranked[: self.config.top_k]:
+                item.status = "retrieval"
+                return item
+            reply = self.teacher.text(reread_messages(template.sentence, item.question), 32)
+            if not same_answer(reply.strip(), item.answer):
+                item.status = "reread"
+                return item
+            item.pairs.append(QuestionWriter._pair(source, 1, "positive", None))
+            cut = source.text.replace(template.sentence, " ")
+            if not occurs(item.answer, cut) and len(cut.split()) >= 20:
+                pair = QuestionWriter._pair(source, 0, "near_miss", None)
+                item.pairs.append(pair | {"passage": cut})
+            asked = Question(item.question, item.answer, template.kind, template.row, "")
+            others = [r for r in ranked if r != template.row][: self.config.hard_negatives]
+            for r in others:
+                chunk = self.chunks[r]
+                if template.answer not in chunk.text:
+                    item.pairs.append(QuestionWriter._pair(chunk, 0, "hard_negative", None))
+                elif answers_in_context(asked, chunk.text):
+                    item.pairs.append(QuestionWriter._pair(chunk, 1, "other_positive", None))
+        finally:
+            item.seconds = round(time.perf_counter() - started, 2)
+        return item
+
+
+def writer_for_store(
+    store: Any, teacher: Teacher, config: QuestionConfig
+) -> QuestionWriter | TemplateRewriter:
+    """A :class:`QuestionWriter` (``mode="rewrite"``: a :class:`TemplateRewriter`) over an
+    ingested index (an ``IndexStore``), its checks and hard negatives searched exactly over the
+    SPLADE index, as :func:`credibility.distant.pairs_from_store` does."""
     view = store.load()
     encoder = store.encoder
     encoder.warm_up()
@@ -423,6 +530,8 @@ def writer_for_store(store: Any, teacher: Teacher, config: QuestionConfig) -> Qu
     def search(question: str, k: int) -> list[int]:
         return [row for row, _ in view.sparse.search(encoder.encode_query(question), k)]
 
+    if config.mode == "rewrite":
+        return TemplateRewriter(view.chunks, search, teacher, config)
     return QuestionWriter(view.chunks, search, teacher, config)
 
 
@@ -455,16 +564,20 @@ def _truncate_torn(path: Path) -> None:
 
 
 def run(
-    writer: QuestionWriter,
+    writer: QuestionWriter | TemplateRewriter,
     path: Path,
     header: dict[str, Any],
     progress: Callable[[Item, int], None] | None = None,
 ) -> list[Item]:
     """Write items to ``path`` until ``max_questions`` are kept (resuming a file with the same
     provenance). Returns every item in the file."""
-    header = {"format": FORMAT, "version": FORMAT_VERSION} | header
+    # As it will read back from the file (tuples become lists): else a resume never matches.
+    header = json.loads(json.dumps({"format": FORMAT, "version": FORMAT_VERSION} | header))
     old, items = read_file(path)
     same = ("format", "version", "model_sha256", "seed", "config", "index")
+    if old is not None and "mode" in header.get("config", {}):
+        # Written before rewriting existed: every such file was written from passages.
+        old["config"] = {"mode": "write"} | old.get("config", {})
     if old is not None and any(old.get(k) != header.get(k) for k in same):
         raise FailedPrecondition(
             f"{path} was written with other settings, model or index; choose another --out "

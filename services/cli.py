@@ -352,6 +352,7 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
         max_attempts=args.max_attempts,
         hard_negatives=args.hard_negatives,
         kinds=tuple(args.kinds.split(",")) if args.kinds else QuestionConfig().kinds,
+        mode="rewrite" if args.rewrite_templates else "write",
     ).validate()
     gguf = resolve_gguf(args.model)
     digest = hashlib.sha256()
@@ -648,6 +649,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="retrieved passages per question labelled by the LLM reader (default 1)",
     )
     p.add_argument("--kinds", help="comma-separated subset of the question kinds")
+    p.add_argument(
+        "--rewrite-templates",
+        action="store_true",
+        help="instead of writing from passages, rewrite the template questions of `credibility "
+        "train` (a sentence and its answer span) in a user's words: the LLM reads one sentence, "
+        "so each item takes seconds, not tens of seconds; checked the same way",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_credibility_questions)
 

@@ -308,3 +308,44 @@ def test_llm_written_questions_are_checked_deterministic_and_resumable(
         assert len(read_file(path)[1]) == 6
     finally:
         teacher.close()
+
+
+def test_template_rewrites_are_checked_and_deterministic(
+    rdata_store: IndexStore, tmp_path: Path
+) -> None:
+    """``--rewrite-templates`` with a real teacher (SmolLM2 through llama.cpp) over a real
+    manual: a kept rewrite routes to its passage, leaves its answer out, and its pairs are
+    labelled by the span; the same seed rewrites the same way."""
+    from credibility.llm_questions import QuestionConfig, occurs, run, writer_for_store
+    from generator.llamacpp_backend import LlamaCppBackend
+
+    view = rdata_store.load()
+    by_id = {c.chunk_id: c for c in view.chunks}
+    teacher = LlamaCppBackend(
+        "packaged:smollm2-135m-instruct", threads=2, context_tokens=2048, cache_ram_mib=0
+    )
+    header = {"model": "smollm2", "model_sha256": "test", "seed": 5, "config": {}, "index": {}}
+    try:
+        config = QuestionConfig(seed=5, max_questions=50, max_attempts=8, mode="rewrite")
+        writer = writer_for_store(rdata_store, teacher, config)
+        items = run(writer, tmp_path / "r.jsonl", header)
+        assert [it.i for it in items] == list(range(8))
+        assert {it.status for it in items} <= {"kept", "format", "retrieval", "reread"}
+        assert all(it.kind == "rewrite" and it.answer for it in items)
+        again = run(writer, tmp_path / "again.jsonl", header)
+        assert [(it.status, it.question) for it in again] == [
+            (it.status, it.question) for it in items
+        ]
+        for item in items:
+            source = by_id[item.chunk_id].text
+            assert occurs(item.answer, source)  # the template's span, from its sentence
+            if item.status != "kept":
+                assert item.pairs == []
+                continue
+            assert not occurs(item.answer, item.question)
+            assert item.pairs[0]["label"] == 1 and item.pairs[0]["passage"] == source
+            for pair in item.pairs[1:]:
+                if pair["label"] == 0:
+                    assert item.answer not in pair["passage"]
+    finally:
+        teacher.close()

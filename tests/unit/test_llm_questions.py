@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,13 +18,15 @@ from credibility.llm_questions import (
     pairs_from_items,
     parse_reply,
     read_file,
+    rewrite_messages,
+    run,
     same_answer,
     summary,
     well_formed,
     writer_messages,
 )
 from credibility.pairs import read_pairs
-from ragline.errors import InvalidArgument
+from ragline.errors import FailedPrecondition, InvalidArgument
 from ragline.types import Chunk
 
 pytestmark = pytest.mark.unit
@@ -144,3 +147,34 @@ def test_another_jsonl_is_not_taken_for_a_questions_file(tmp_path: Path) -> None
     path.write_text('{"query": "q", "passage": "p", "label": 1}\n')
     with pytest.raises(InvalidArgument):
         read_file(path)
+
+
+def test_rewrite_mode_asks_for_the_span_from_one_sentence() -> None:
+    messages = rewrite_messages("The frob daemon listens on port 7070.", "frob manual", "7070")
+    prompt = messages[1]["content"]
+    assert prompt.startswith('Passage:\n"""\nThe frob daemon listens on port 7070.')
+    assert '"7070"' in prompt and "frob manual" in prompt
+    assert not well_formed("Which port does the sentence give?", "7070", "rewrite")
+    with pytest.raises(InvalidArgument):
+        QuestionConfig(mode="paraphrase").validate()
+
+
+def test_a_file_written_before_modes_existed_is_resumed(tmp_path: Path) -> None:
+    """Headers written before ``mode`` was a setting have none: they were all ``write``."""
+    config = {k: v for k, v in asdict(QuestionConfig(max_attempts=1)).items() if k != "mode"}
+    header = {"format": FORMAT, "version": 1, "seed": 0, "config": config}
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(header) + "\n")
+
+    class Done:
+        config = QuestionConfig(max_questions=1, max_attempts=1)
+
+        def item(self, i: int) -> Item:
+            return Item(i, "factoid", "c1", "format")
+
+    current: dict[str, Any] = asdict(QuestionConfig(max_attempts=1))
+    items = run(Done(), path, {"seed": 0, "config": current})  # type: ignore[arg-type]
+    assert [it.status for it in items] == ["format"]
+    rewrite = {"seed": 0, "config": current | {"mode": "rewrite"}}
+    with pytest.raises(FailedPrecondition):
+        run(Done(), path, rewrite)  # type: ignore[arg-type]
