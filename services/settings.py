@@ -320,9 +320,8 @@ class GeneratorSettings(BaseSettings):
         description="Generation backend: vLLM's in-process engine, transformers' generate, "
         "llama.cpp in-process (xllamacpp, GGUF models), or an OpenAI-compatible server. "
         "auto = vllm when vLLM is installed and the model is ready for it (the packaged one "
-        "converted by `make setup`; vLLM needs a GPU or an AVX-512 CPU), else llamacpp for a "
-        "GGUF model (the packaged ones, a .gguf path), else transformers; the packaged Qwen "
-        "GGUFs always go to llamacpp.",
+        "converted by `make setup`; vLLM needs a GPU or an AVX-512 CPU), else transformers; "
+        "the packaged Qwen GGUFs and .gguf paths go to llamacpp.",
     )
     model: str = Field(
         PACKAGED_SMOLLM2,

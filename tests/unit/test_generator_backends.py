@@ -72,9 +72,8 @@ async def _collect(stream: AsyncIterator[str]) -> list[str]:
 def test_auto_prefers_vllm_only_when_it_can_run(tmp_path: Path) -> None:
     assert choose_backend("transformers", PACKAGED_SMOLLM2, tmp_path) == "transformers"
     assert choose_backend("openai", PACKAGED_SMOLLM2, tmp_path) == "openai"
-    # The packaged model without its converted folder: vLLM cannot load it; llama.cpp reads
-    # its GGUF (xllamacpp is a dependency).
-    assert choose_backend("auto", PACKAGED_SMOLLM2, tmp_path / "missing") == "llamacpp"
+    # The packaged model without its converted folder: vLLM cannot load it.
+    assert choose_backend("auto", PACKAGED_SMOLLM2, tmp_path / "missing") == "transformers"
     with pytest.raises(FailedPrecondition):
         resolve_vllm_model(PACKAGED_SMOLLM2, tmp_path / "missing")
     assert resolve_vllm_model("some/hf-model", tmp_path) == "some/hf-model"

@@ -186,8 +186,9 @@ def test_llamacpp_is_chosen_when_named_and_for_the_qwen_gguf(
 ) -> None:
     assert choose_backend("llamacpp", PACKAGED_SMOLLM2, tmp_path) == "llamacpp"
     assert choose_backend("auto", PACKAGED_QWEN_CODER_1_5B, tmp_path) == "llamacpp"
-    # where vLLM cannot load the default model, llama.cpp reads its GGUF; a .gguf path too
-    assert choose_backend("auto", PACKAGED_SMOLLM2, tmp_path / "missing") == "llamacpp"
+    # auto keeps transformers for the default model where vLLM cannot load it (see
+    # choose_backend); a .gguf path goes to llama.cpp
+    assert choose_backend("auto", PACKAGED_SMOLLM2, tmp_path / "missing") == "transformers"
     assert choose_backend("auto", str(tmp_path / "m.gguf"), tmp_path) == "llamacpp"
     real_find_spec = models.importlib.util.find_spec
 
@@ -198,7 +199,6 @@ def test_llamacpp_is_chosen_when_named_and_for_the_qwen_gguf(
     with pytest.raises(ImportError, match="pip install 'xllamacpp=="):
         choose_backend("llamacpp", PACKAGED_SMOLLM2, tmp_path)
     assert choose_backend("auto", PACKAGED_QWEN_CODER_1_5B, tmp_path) == "transformers"
-    assert choose_backend("auto", PACKAGED_SMOLLM2, tmp_path / "missing") == "transformers"
 
 
 def test_the_settings_build_an_unloaded_llamacpp_backend() -> None:
