@@ -282,8 +282,8 @@ def kinds_for(chunk: Chunk, allowed: Sequence[str]) -> list[tuple[str, float]]:
     return [(k, w) for k, w in weights.items() if k in allowed]
 
 
-class QuestionWriter:
-    """Writes and checks questions over an index's chunks with a :class:`Teacher`."""
+class _TeacherJob:
+    """What every question job holds: the index's chunks, its search, the LLM, the settings."""
 
     def __init__(
         self, chunks: Sequence[Chunk], search: Search, teacher: Teacher, config: QuestionConfig
@@ -292,6 +292,15 @@ class QuestionWriter:
         self.search = search
         self.teacher = teacher
         self.config = config.validate()
+
+
+class QuestionWriter(_TeacherJob):
+    """Writes and checks questions over an index's chunks with a :class:`Teacher`."""
+
+    def __init__(
+        self, chunks: Sequence[Chunk], search: Search, teacher: Teacher, config: QuestionConfig
+    ) -> None:
+        super().__init__(chunks, search, teacher, config)
         rows = [
             r
             for r, c in enumerate(chunks)
@@ -435,7 +444,7 @@ def rewrite_messages(sentence: str, context: str, answer: str) -> Messages:
     ]
 
 
-class TemplateRewriter:
+class TemplateRewriter(_TeacherJob):
     """Rewrites template questions (:mod:`credibility.distant`: a sentence, its answer span,
     the question cut from the sentence) into a user's words with a :class:`Teacher`.
 
@@ -454,10 +463,7 @@ class TemplateRewriter:
     ) -> None:
         from credibility.distant import DistantConfig, generate_questions
 
-        self.chunks = chunks
-        self.search = search
-        self.teacher = teacher
-        self.config = config.validate()
+        super().__init__(chunks, search, teacher, config)
         # Whole sentences (no word dropout, no context words): the LLM does the rewording.
         template = DistantConfig(
             max_questions=len(chunks), word_dropout=0.0, context_rate=0.0, seed=config.seed
