@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from credibility.distant import DistantConfig, Question, answers_in_context, generate_questions
 from credibility.lexical import chunk_context
 from credibility.pairs import Pair
 from ragline.errors import FailedPrecondition, InvalidArgument
@@ -102,8 +103,8 @@ class QuestionConfig:
     mode: str = "write"
     """``write``: the LLM reads a passage and writes a question of one of ``kinds``;
     ``rewrite``: it rewrites a template question of :mod:`credibility.distant` (a sentence and
-    its answer span) in its own words — ~10x cheaper per kept question, see
-    :class:`TemplateRewriter`."""
+    its answer span) in its own words — ~4x cheaper per kept question (measured: ~40 s against
+    ~150 s on 2 cores), see :class:`TemplateRewriter`."""
 
     def validate(self) -> QuestionConfig:
         if self.max_questions < 1:
@@ -293,6 +294,17 @@ class _TeacherJob:
         self.teacher = teacher
         self.config = config.validate()
 
+    @staticmethod
+    def _pair(chunk: Chunk, label: int, source: str, p_yes: float | None) -> dict[str, Any]:
+        return {
+            "chunk_id": chunk.chunk_id,
+            "passage": chunk.text,
+            "context": chunk_context(chunk),
+            "label": label,
+            "source": source,
+            "p_yes": None if p_yes is None else round(p_yes, 4),
+        }
+
 
 class QuestionWriter(_TeacherJob):
     """Writes and checks questions over an index's chunks with a :class:`Teacher`."""
@@ -419,17 +431,6 @@ class QuestionWriter(_TeacherJob):
                 return r
         return None
 
-    @staticmethod
-    def _pair(chunk: Chunk, label: int, source: str, p_yes: float | None) -> dict[str, Any]:
-        return {
-            "chunk_id": chunk.chunk_id,
-            "passage": chunk.text,
-            "context": chunk_context(chunk),
-            "label": label,
-            "source": source,
-            "p_yes": None if p_yes is None else round(p_yes, 4),
-        }
-
 
 def rewrite_messages(sentence: str, context: str, answer: str) -> Messages:
     """Ask for the question a user would put whose answer is ``answer`` (in ``sentence``)."""
@@ -448,8 +449,8 @@ class TemplateRewriter(_TeacherJob):
     """Rewrites template questions (:mod:`credibility.distant`: a sentence, its answer span,
     the question cut from the sentence) into a user's words with a :class:`Teacher`.
 
-    The LLM reads one sentence, not a passage, and writes one line: a few seconds per item
-    where writing from a passage takes tens. A rewrite is kept when it is well formed (as
+    The LLM reads one sentence, not a passage, and writes one line: ~12 s per attempt on 2
+    cores where writing from a passage took ~33 s. A rewrite is kept when it is well formed (as
     above, the span not in it), ragline's sparse top ``top_k`` holds its passage, and the LLM,
     rereading the sentence (its prompt prefix reused), answers it with the span. Pairs: the
     source passage (positive), the passage with the answer sentence cut out (negative, a near
@@ -461,8 +462,6 @@ class TemplateRewriter(_TeacherJob):
     def __init__(
         self, chunks: Sequence[Chunk], search: Search, teacher: Teacher, config: QuestionConfig
     ) -> None:
-        from credibility.distant import DistantConfig, generate_questions
-
         super().__init__(chunks, search, teacher, config)
         # Whole sentences (no word dropout, no context words): the LLM does the rewording.
         template = DistantConfig(
@@ -481,8 +480,6 @@ class TemplateRewriter(_TeacherJob):
 
     def item(self, i: int) -> Item:
         """Attempt item ``i`` (deterministic for the seed)."""
-        from credibility.distant import Question, answers_in_context
-
         started = time.perf_counter()
         template = self.questions[i % len(self.questions)]
         source = self.chunks[template.row]
@@ -505,19 +502,19 @@ class TemplateRewriter(_TeacherJob):
             if not same_answer(reply.strip(), item.answer):
                 item.status = "reread"
                 return item
-            item.pairs.append(QuestionWriter._pair(source, 1, "positive", None))
+            item.pairs.append(self._pair(source, 1, "positive", None))
             cut = source.text.replace(template.sentence, " ")
             if not occurs(item.answer, cut) and len(cut.split()) >= 20:
-                pair = QuestionWriter._pair(source, 0, "near_miss", None)
+                pair = self._pair(source, 0, "near_miss", None)
                 item.pairs.append(pair | {"passage": cut})
             asked = Question(item.question, item.answer, template.kind, template.row, "")
             others = [r for r in ranked if r != template.row][: self.config.hard_negatives]
             for r in others:
                 chunk = self.chunks[r]
                 if template.answer not in chunk.text:
-                    item.pairs.append(QuestionWriter._pair(chunk, 0, "hard_negative", None))
+                    item.pairs.append(self._pair(chunk, 0, "hard_negative", None))
                 elif answers_in_context(asked, chunk.text):
-                    item.pairs.append(QuestionWriter._pair(chunk, 1, "other_positive", None))
+                    item.pairs.append(self._pair(chunk, 1, "other_positive", None))
         finally:
             item.seconds = round(time.perf_counter() - started, 2)
         return item
