@@ -36,7 +36,7 @@ from credibility.lexical import chunk_context  # noqa: E402
 from credibility.model import PairClassifier  # noqa: E402
 from credibility.pairs import read_pairs  # noqa: E402
 from credibility.train import _auc  # noqa: E402
-from services.server import build_store  # noqa: E402
+from services.server import build_indexer  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 
@@ -72,14 +72,14 @@ def main() -> int:
     settings = Settings()
     settings.retriever.index_dir = Path(args.index_dir)
     settings.retriever.dense_model = ""
-    store = build_store(settings)
-    view = store.load()
-    store.encoder.warm_up()
+    index = build_indexer(settings)
+    view = index.load()
+    index.sparse.warm_up()
     lines = Path(args.questions).read_text().splitlines()
     questions = [json.loads(line)["question"] for line in lines if line.strip()][: args.limit]
     batches = []
     for q in questions:
-        rows = view.sparse.search(store.encoder.encode_query(q), args.passages)
+        rows = view.sparse.search(index.sparse.encode_query(q), args.passages)
         chunks = [view.chunks[r] for r, _ in rows]
         contexts = [chunk_context(c) for c in chunks]
         batches.append((q, [c.text for c in chunks], contexts))

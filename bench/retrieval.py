@@ -33,11 +33,11 @@ import grpc  # noqa: E402
 
 from bench import synthetic_dense, synthetic_sparse  # noqa: E402
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc  # noqa: E402
+from retriever.encoders import prune_rows  # noqa: E402
+from retriever.indexer import Indexer  # noqa: E402
 from retriever.search import Retriever, SearchOptions  # noqa: E402
 from retriever.sparse_index import ExactSparseIndex  # noqa: E402
-from retriever.splade import prune_rows  # noqa: E402
-from retriever.store import IndexStore  # noqa: E402
-from services.server import build_gateway, build_store, start_server  # noqa: E402
+from services.server import build_gateway, build_indexer, start_server  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 MODES = ("sparse", "dense", "hybrid")
@@ -53,8 +53,9 @@ def load_questions(path: Path, limit: int) -> list[str]:
     return questions[:limit] if limit else questions
 
 
-async def bench_modes(store: IndexStore, questions: list[str], k: int) -> list[dict]:
-    retriever = Retriever(store)  # no cache: every call encodes and searches
+async def bench_modes(index: Indexer, questions: list[str], k: int) -> list[dict]:
+    store = index.store
+    retriever = Retriever(store, index.sparse, index.dense)  # no cache: each call encodes
     rows = []
     for mode in MODES:
         if mode != "sparse" and store.view.dense is None:
@@ -85,12 +86,12 @@ async def bench_modes(store: IndexStore, questions: list[str], k: int) -> list[d
     return rows
 
 
-def seismic_recall(store: IndexStore, questions: list[str], k: int) -> dict[str, Any]:
-    view = store.view
+def seismic_recall(index: Indexer, questions: list[str], k: int) -> dict[str, Any]:
+    view = index.store.view
     assert view.approx is not None
     found = total = 0
     for question in questions:
-        vector = store.encoder.encode_query(question)
+        vector = index.sparse.encode_query(question)
         exact = {row for row, _ in view.sparse.search(vector, k)}
         approx = {row for row, _ in view.approx.search(vector, k)}
         found += len(exact & approx)
@@ -98,13 +99,13 @@ def seismic_recall(store: IndexStore, questions: list[str], k: int) -> dict[str,
     return {"seismic_recall_at_10": round(found / max(total, 1), 4)}
 
 
-def bench_sparse_variants(store: IndexStore, questions: list[str], k: int) -> list[dict]:
+def bench_sparse_variants(index: Indexer, questions: list[str], k: int) -> list[dict]:
     """What pruning passages to their top-N terms, and inference-free IDF queries, cost:
     agreement of their top-k with the full model's (recall@k against it), index size, and
     query encoding time."""
-    view = store.view
+    view = index.store.view
     full = view.sparse
-    vectors = [store.encoder.encode_query(q) for q in questions]
+    vectors = [index.sparse.encode_query(q) for q in questions]
     truth = [{row for row, _ in full.search(v, k)} for v in vectors]
 
     def agreement(index: ExactSparseIndex, queries: list) -> float:
@@ -126,11 +127,11 @@ def bench_sparse_variants(store: IndexStore, questions: list[str], k: int) -> li
             }
         )
     started = time.perf_counter()
-    idf = [store.encoder.encode_query_idf(q, view.doc_freq, len(view.chunks)) for q in questions]
+    idf = [index.sparse.encode_query_idf(q, view.doc_freq, len(view.chunks)) for q in questions]
     idf_ms = (time.perf_counter() - started) * 1000 / len(questions)
     started = time.perf_counter()
     for q in questions:
-        store.encoder.encode_query(q)
+        index.sparse.encode_query(q)
     model_ms = (time.perf_counter() - started) * 1000 / len(questions)
     rows[0]["query_encode_ms"] = round(model_ms, 2)
     rows.append(
@@ -224,20 +225,21 @@ async def main() -> int:
     memory: dict[str, Any] = {}
     for backend in ("exact", "seismic"):
         settings.retriever.sparse_backend = backend
-        store = build_store(settings)
-        store.encoder.warm_up()
-        if store.dense_encoder is not None:
-            store.dense_encoder.warm_up()
+        index = build_indexer(settings)
+        store = index.store
+        index.sparse.warm_up()
+        if index.dense is not None:
+            index.dense.warm_up()
         started = time.perf_counter()
-        view = store.load()
+        view = index.load()
         load_s = time.perf_counter() - started
-        rows = await bench_modes(store, questions, args.k)
+        rows = await bench_modes(index, questions, args.k)
         for row in rows:
             row["load_s"] = round(load_s, 2)
         if backend == "seismic":
-            rows[0].update(seismic_recall(store, questions, args.k))
+            rows[0].update(seismic_recall(index, questions, args.k))
         else:
-            report["sparse_variants"] = bench_sparse_variants(store, questions, args.k)
+            report["sparse_variants"] = bench_sparse_variants(index, questions, args.k)
         real += rows
         memory[backend] = {"chunks": len(view.chunks), **store.memory()}
     report["real"] = real

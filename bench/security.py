@@ -31,7 +31,7 @@ from bench.retrieval import percentile, print_table  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.auth import new_token  # noqa: E402
 from services.client import open_channel  # noqa: E402
-from services.server import RunningServer, build_gateway, build_store, start_server  # noqa: E402
+from services.server import RunningServer, build_gateway, build_indexer, start_server  # noqa: E402
 from services.settings import ServerSettings, Settings  # noqa: E402
 from tests.certs import make_certs  # noqa: E402
 
@@ -68,11 +68,12 @@ async def _round(stub: Any, question: str, k: int) -> tuple[float, float]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     base = Settings()
     base.retriever.index_dir = args.index_dir
-    store = build_store(base)
-    store.encoder.warm_up()
-    if store.dense_encoder is not None:
-        store.dense_encoder.warm_up()
-    store.load()
+    index = build_indexer(base)
+    index.sparse.warm_up()
+    if index.dense is not None:
+        index.dense.warm_up()
+    index.load()
+    store = index.store
     collection = sorted(set(store.view.collections.tolist()))[0]
     entries: list[dict[str, Any]] = []
     tokens: dict[str, str] = {}
@@ -90,7 +91,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if config.startswith("TLS"):
             settings.server.tls_cert_file = certs.server.cert
             settings.server.tls_key_file = certs.server.key
-        servers[config] = await _server(settings, store)
+        servers[config] = await _server(settings, index)
     questions = [json.loads(line)["question"] for line in args.questions.open() if line.strip()]
     questions = questions[: args.limit]
     samples: dict[str, dict[str, list[float]]] = {c: {"miss": [], "hit": []} for c in CONFIGS}

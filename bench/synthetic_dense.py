@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from retriever.dense import HnswIndex  # noqa: E402
+from retriever.hnsw import HnswIndex  # noqa: E402
 
 DIM = 384
 CENTROIDS = 1000
@@ -157,7 +157,7 @@ def _latency(lat: list[float], total: float) -> dict:
 
 def run_encoder(n_passages: int = 128, n_queries: int = 50, words: int = 200) -> dict:
     """MiniLM throughput on ~200-word passages and single-query latency (packaged model)."""
-    from retriever.dense import DenseEncoder
+    from retriever.encoders import DenseEncoder
     from retriever.models import PACKAGED_MINILM
 
     rng = np.random.default_rng(3)

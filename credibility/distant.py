@@ -241,13 +241,15 @@ def _pair(question: Question, group: str, text: str, label: int, kind: str, chun
     return Pair(question.text, text, label, group, kind, chunk_context(chunk))
 
 
-def pairs_from_store(store: Any, config: DistantConfig) -> tuple[list[Pair], list[Question]]:
-    """Distant-supervision pairs from an ingested index (an ``IndexStore``): questions are
-    SPLADE-encoded and searched exactly over its chunks for the hard negatives."""
-    view = store.load()
+def pairs_from_index(index: Any, config: DistantConfig) -> tuple[list[Pair], list[Question]]:
+    """Distant-supervision pairs from an ingested index (a ``retriever.indexer.Indexer``):
+    questions are SPLADE-encoded and searched exactly over its chunks for the hard negatives."""
+    view = index.load()
     if not view.chunks:
-        raise FailedPrecondition(f"the index at {store.index_dir} is empty: ingest PDFs first")
-    encoder = store.encoder
+        raise FailedPrecondition(
+            f"the index at {index.store.index_dir} is empty: ingest PDFs first"
+        )
+    encoder = index.sparse
     encoder.warm_up()
 
     def search(queries: Sequence[str], k: int) -> list[list[int]]:

@@ -520,14 +520,14 @@ class TemplateRewriter(_TeacherJob):
         return item
 
 
-def writer_for_store(
-    store: Any, teacher: Teacher, config: QuestionConfig
+def writer_for_index(
+    index: Any, teacher: Teacher, config: QuestionConfig
 ) -> QuestionWriter | TemplateRewriter:
     """A :class:`QuestionWriter` (``mode="rewrite"``: a :class:`TemplateRewriter`) over an
-    ingested index (an ``IndexStore``), its checks and hard negatives searched exactly over the
-    SPLADE index, as :func:`credibility.distant.pairs_from_store` does."""
-    view = store.load()
-    encoder = store.encoder
+    ingested index (a ``retriever.indexer.Indexer``), its checks and hard negatives searched
+    exactly over the SPLADE index, as :func:`credibility.distant.pairs_from_index` does."""
+    view = index.load()
+    encoder = index.sparse
     encoder.warm_up()
 
     def search(question: str, k: int) -> list[int]:

@@ -105,7 +105,7 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
             report = await asyncio.to_thread(
                 run_batch,
                 pdfs,
-                gateway.store,
+                gateway.indexer,
                 gateway.chunker,
                 gateway.pdf_limits,
                 options.progress,

@@ -13,6 +13,7 @@ import numpy as np
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, named
 from ragline.types import Hit, SparseVector
 from retriever.cache import QueryCache
+from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.fusion import FusionMode, fuse
 from retriever.store import IndexStore, IndexView
 
@@ -79,6 +80,8 @@ EXPLAIN_TERMS = 8
 
 class Retriever:
     """``search(query, k, options)`` over the store's current view, the Redis cache in front.
+    It encodes queries with ``sparse`` (and ``dense`` for the dense and hybrid modes): the
+    encoders that wrote the store's rows.
 
     Concurrent requests for the same cache key are served once (singleflight): the first
     caller does the Redis lookup and, on a miss, the search; the others await its result.
@@ -87,24 +90,31 @@ class Retriever:
     def __init__(
         self,
         store: IndexStore,
+        sparse: SpladeEncoder,
+        dense: DenseEncoder | None = None,
         cache: QueryCache | None = None,
         query_encoder: Literal["model", "idf"] = "model",
     ) -> None:
+        if sparse.model_id != store.schema.sparse_model_id or (
+            (dense.model_id if dense is not None else None) != store.schema.dense_model_id
+        ):
+            raise FailedPrecondition("the query encoders are not the store's")
         self.store = store
+        self.sparse = sparse
+        self.dense = dense
         self.cache = cache
         self.query_encoder = query_encoder
         self._inflight: dict[str, asyncio.Future[RetrievalResult]] = {}
         self.singleflight_joins = 0
 
     def model_ids(self) -> str:
-        dense = self.store.dense_encoder
-        sparse = self.store.encoder.model_id + ("+idf-query" if self.query_encoder == "idf" else "")
-        return sparse + ("|" + dense.model_id if dense else "")
+        sparse = self.sparse.model_id + ("+idf-query" if self.query_encoder == "idf" else "")
+        return sparse + ("|" + self.dense.model_id if self.dense else "")
 
     def encode_sparse(self, view: IndexView, query: str) -> SparseVector:
         if self.query_encoder == "idf":
-            return self.store.encoder.encode_query_idf(query, view.doc_freq, len(view.chunks))
-        return self.store.encoder.encode_query(query)
+            return self.sparse.encode_query_idf(query, view.doc_freq, len(view.chunks))
+        return self.sparse.encode_query(query)
 
     async def search(
         self,
@@ -130,7 +140,7 @@ class Retriever:
             k=k,
             generation=view.generation,
             model_id=self.model_ids(),
-            casefold=self.store.encoder.uncased,
+            casefold=self.sparse.uncased,
             options=options.cache_part(),
         )
         pending = self._inflight.get(key)
@@ -204,7 +214,7 @@ class Retriever:
             lists["sparse"] = view.sparse_search(vector, depth, allowed)
             timings["search_ms"] = _ms(started)
         if options.mode in ("dense", "hybrid"):
-            dense_encoder = self.store.dense_encoder
+            dense_encoder = self.dense
             assert dense_encoder is not None and view.dense is not None
             started = time.perf_counter()
             qvec = await asyncio.to_thread(dense_encoder.encode_query, query)
@@ -247,7 +257,7 @@ class Retriever:
         self, view: IndexView, query: str, hits: list[Hit], vector: SparseVector | None = None
     ) -> list[Hit]:
         """Attach each hit's top matching SPLADE terms and their score contributions."""
-        encoder = self.store.encoder
+        encoder = self.sparse
         if vector is None:
             vector = await asyncio.to_thread(self.encode_sparse, view, query)
         explained = []

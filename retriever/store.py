@@ -1,5 +1,8 @@
 """The index store: chunks, their SPLADE rows, a generation number, and atomic snapshots.
 
+The store runs no model: :class:`retriever.indexer.Indexer` encodes documents and hands the
+encoded rows to :meth:`IndexStore.put_encoded`; the store keeps snapshots, views and locking.
+
 Layout of ``index_dir``::
 
     CURRENT                  name of the live snapshot (replaced atomically)
@@ -29,7 +32,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,25 +42,32 @@ import numpy as np
 import scipy.sparse as sp
 
 from ragline.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
-from ragline.markdown import read_table
 from ragline.types import Chunk, SparseVector
-from retriever.dense import DenseEncoder, HnswIndex
+from retriever.hnsw import HnswIndex
 from retriever.seismic_index import SeismicParams, SeismicSparseIndex
 from retriever.sparse_index import ExactSparseIndex, SparseIndex
-from retriever.splade import SpladeEncoder
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 KEEP_SNAPSHOTS = 2
-ENCODE_SLICE = 256
-"""Chunks encoded at a time in :meth:`IndexStore.put` (progress is reported per slice)."""
 SparseBackend = Literal["exact", "seismic"]
 
 
 @dataclass(frozen=True, slots=True)
+class IndexSchema:
+    """What the encoded rows are: the models that made them and the sparse vocabulary's size.
+    A snapshot made by other models is refused (sparse) or loaded without its vectors (dense)."""
+
+    sparse_model_id: str
+    vocab_size: int
+    dense_model_id: str | None = None
+    """None: dense retrieval is off, and no vectors are kept."""
+
+
+@dataclass(frozen=True, slots=True)
 class DenseConfig:
-    """HNSW parameters (see retriever/dense.py)."""
+    """HNSW parameters (see retriever/hnsw.py)."""
 
     m: int = 32
     ef_construction: int = 200
@@ -148,21 +158,20 @@ class _Doc:
 
 
 class IndexStore:
-    """Documents → chunks → sparse rows, persisted as atomic snapshots. Implements
-    ``ingest.DocumentSink``. Thread-safe: one writer at a time, readers use :attr:`view`."""
+    """Documents → chunks → encoded rows (SPLADE, and dense vectors when ``schema`` names a
+    dense model), persisted as atomic snapshots. Thread-safe: one writer at a time, readers use
+    :attr:`view`. Runs no model: writers hand it encoded rows (:meth:`put_encoded`)."""
 
     def __init__(
         self,
         index_dir: str | Path,
-        encoder: SpladeEncoder,
-        dense_encoder: DenseEncoder | None = None,
+        schema: IndexSchema,
         dense: DenseConfig | None = None,
         sparse_backend: SparseBackend = "exact",
         seismic: SeismicParams | None = None,
     ) -> None:
         self.index_dir = Path(index_dir)
-        self.encoder = encoder
-        self.dense_encoder = dense_encoder
+        self.schema = schema
         self.dense_config = dense or DenseConfig()
         self.sparse_backend = sparse_backend
         self.seismic = seismic
@@ -184,8 +193,21 @@ class IndexStore:
             raise FailedPrecondition("index not loaded; call load() first")
         return self._view
 
+    @property
+    def dense_enabled(self) -> bool:
+        return self.schema.dense_model_id is not None
+
+    @property
+    def dense_missing(self) -> bool:
+        """Dense retrieval is configured, but the loaded documents have no vectors from its
+        model (an index built with it off, or with another model): see
+        :meth:`retriever.indexer.Indexer.backfill_dense`."""
+        return self.dense_enabled and self._hnsw is None and bool(self._docs)
+
     def load(self) -> IndexView:
-        """Load the current snapshot (or start empty when there is none).
+        """Load the current snapshot (or start empty when there is none). Never encodes:
+        documents without vectors from the configured dense model load without them
+        (:attr:`dense_missing`).
 
         Raises:
             DataLoss: a snapshot file is missing or fails its checksum.
@@ -202,17 +224,8 @@ class IndexStore:
         docs, hnsw, next_slot, generation = self._read_snapshot(snap)
         # Assigned together once all is read: a snapshot that fails to load changes nothing.
         self._docs, self._hnsw, self._next_slot = docs, hnsw, next_slot
-        backfill = self.dense_encoder is not None and hnsw is None and bool(docs)
-        if backfill:
-            self._backfill_dense()
         self._publish(generation)
         self._stale = False
-        if backfill:  # persist the vectors, so the next start does not embed again
-            if self._writing:
-                self._commit()
-            else:
-                with self._writer():
-                    self._commit()
         logger.info(
             "loaded index generation %d: %d chunks", self.view.generation, len(self.view.chunks)
         )
@@ -222,10 +235,11 @@ class IndexStore:
         """A snapshot's documents, its HNSW graph and next free slot (None, 0: dense retrieval
         off, or embedded with another model), and its generation."""
         manifest = _read_manifest(snap)
-        if manifest["model_id"] != self.encoder.model_id:
+        if manifest["model_id"] != self.schema.sparse_model_id:
             raise FailedPrecondition(
                 f"index at {self.index_dir} was built with SPLADE model {manifest['model_id']!r},"
-                f" but {self.encoder.model_id!r} is configured; re-ingest into a new index dir"
+                f" but {self.schema.sparse_model_id!r} is configured; re-ingest into a new"
+                " index dir"
             )
         with (snap / "chunks.jsonl").open(encoding="utf-8") as fh:
             chunks = [_chunk_from_json(line) for line in fh if line.strip()]
@@ -267,13 +281,13 @@ class IndexStore:
         """The snapshot's HNSW graph, next free slot and slots, when dense retrieval is on and
         the snapshot was embedded with the configured model; else ``(None, 0, None)``."""
         dense_id = manifest.get("dense_model_id")
-        if self.dense_encoder is None or dense_id is None:
+        if self.schema.dense_model_id is None or dense_id is None:
             return None, 0, None
-        if dense_id != self.dense_encoder.model_id:
+        if dense_id != self.schema.dense_model_id:
             logger.warning(
-                "index was embedded with %s, %s is configured: re-embedding every chunk",
+                "index was embedded with %s, %s is configured: its vectors are not loaded",
                 dense_id,
-                self.dense_encoder.model_id,
+                self.schema.dense_model_id,
             )
             return None, 0, None
         slots = np.load(snap / "slots.npy")
@@ -285,15 +299,33 @@ class IndexStore:
         next_slot = int(manifest.get("next_slot", int(slots.max(initial=-1)) + 1))
         return hnsw, next_slot, slots
 
-    def _backfill_dense(self) -> None:
-        """Embed every chunk of an index that has no (or other) dense vectors."""
-        assert self.dense_encoder is not None
-        logger.info("embedding %d documents for dense retrieval", len(self._docs))
-        self._hnsw, self._next_slot = None, 0
-        for doc in self._docs.values():
-            self._add_dense(
-                doc, self.dense_encoder.encode_documents([encoding_text(c) for c in doc.chunks])
-            )
+    def documents(self) -> dict[str, tuple[str, tuple[Chunk, ...]]]:
+        """doc id → (content hash, chunks) of the loaded index."""
+        return {d: (doc.content_hash, tuple(doc.chunks)) for d, doc in self._docs.items()}
+
+    def set_dense(self, expected: dict[str, str], vectors: dict[str, np.ndarray]) -> None:
+        """Give every document its dense vectors (one row per chunk) and commit, replacing the
+        graph: how an index without them (:attr:`dense_missing`) gets them.
+
+        Raises:
+            FailedPrecondition: dense retrieval is off, or the documents changed since
+                ``expected`` (doc id → content hash) was read; read them again and retry.
+            InvalidArgument: a document's vectors do not match its chunks.
+        """
+        if not self.dense_enabled:
+            raise FailedPrecondition("dense retrieval is off: no vectors to set")
+        with self._writer():
+            current = {d: doc.content_hash for d, doc in self._docs.items()}
+            if current != expected:
+                raise FailedPrecondition("the index changed while it was being embedded")
+            checked = {
+                d: _checked_vectors(d, vectors.get(d), doc.chunks) for d, doc in self._docs.items()
+            }
+            self._graph_changed = True
+            self._hnsw, self._next_slot = None, 0
+            for doc_id, doc in self._docs.items():
+                self._add_dense(doc, checked[doc_id])
+            self._commit()
 
     def refresh(self) -> bool:
         """Load the snapshot another process (``ragline ingest``) committed since this store
@@ -330,35 +362,40 @@ class IndexStore:
         return doc.chunks[0] if doc and doc.chunks else None
 
     # -- writing -----------------------------------------------------------------------------
-    def put(
+    def put_encoded(
         self,
         doc_id: str,
         content_hash: str,
         chunks: Sequence[Chunk],
-        progress: Callable[[int], None] | None = None,
+        rows: sp.csr_matrix,
+        vectors: np.ndarray | None = None,
     ) -> None:
-        """Add or replace a document's chunks and commit a new snapshot. ``progress`` is
-        called with each slice of chunks encoded (a 2,400-page manual encodes for minutes).
+        """Add or replace a document's chunks with their encoded rows (SPLADE, one per chunk;
+        dense vectors too when :attr:`schema` names a dense model) and commit a new snapshot.
 
         Raises:
-            InvalidArgument: a chunk holds text the snapshot cannot store (not valid UTF-8).
+            InvalidArgument: a chunk holds text the snapshot cannot store (not valid UTF-8), or
+                the rows do not match the chunks and the schema.
+            FailedPrecondition: dense vectors are due but the index lacks them for its other
+                documents (:attr:`dense_missing`; the indexer embeds those first).
         """
-        _check_utf8(chunks)
-        texts = [encoding_text(c) for c in chunks]
-        sparse: list[sp.csr_matrix] = []
-        dense: list[np.ndarray] = []
-        for start in range(0, len(texts), ENCODE_SLICE):
-            part = texts[start : start + ENCODE_SLICE]
-            sparse.append(self.encoder.encode_documents(part))
-            if self.dense_encoder:
-                dense.append(self.dense_encoder.encode_documents(part))
-            if progress is not None:
-                progress(len(part))
-        rows = sp.vstack(sparse, format="csr") if sparse else self.encoder.encode_documents([])
-        vectors = None
-        if self.dense_encoder:
-            vectors = np.vstack(dense) if dense else self.dense_encoder.encode_documents([])
+        check_utf8(chunks)
+        rows = sp.csr_matrix(rows, dtype=np.float32)
+        if rows.shape != (len(chunks), self.schema.vocab_size):
+            raise InvalidArgument(
+                f"document {doc_id!r}: {rows.shape} sparse rows for {len(chunks)} chunks and a"
+                f" vocabulary of {self.schema.vocab_size}"
+            )
+        if self.dense_enabled:
+            vectors = _checked_vectors(doc_id, vectors, chunks)
+        elif vectors is not None:
+            raise InvalidArgument(f"document {doc_id!r}: dense vectors, but dense retrieval is off")
         with self._writer():
+            if vectors is not None and self.dense_missing:
+                raise FailedPrecondition(
+                    "the index has documents without dense vectors; embed them first"
+                    " (Indexer.backfill_dense)"
+                )
             old = self._docs.get(doc_id)
             doc = _Doc(content_hash, list(chunks), rows)
             self._add_dense(doc, vectors)
@@ -390,8 +427,12 @@ class IndexStore:
 
     # -- dense bookkeeping (callers hold the writer lock) -----------------------------------
     def _add_dense(self, doc: _Doc, vectors: np.ndarray | None) -> None:
-        if vectors is None or self.dense_encoder is None:
+        if vectors is None or not self.dense_enabled:
             return
+        if self._hnsw is not None and vectors.shape[1] != self._hnsw.dim:
+            raise InvalidArgument(
+                f"dense vectors of {vectors.shape[1]} dimensions for a graph of {self._hnsw.dim}"
+            )
         self._graph_changed = True
         n = len(doc.chunks)
         doc.slots = np.arange(self._next_slot, self._next_slot + n, dtype=np.int64)
@@ -399,7 +440,7 @@ class IndexStore:
         if self._hnsw is None:
             c = self.dense_config
             self._hnsw = HnswIndex(
-                dim=self.dense_encoder.dim,
+                dim=int(vectors.shape[1]),
                 m=c.m,
                 ef_construction=c.ef_construction,
                 ef_search=c.ef_search,
@@ -470,7 +511,7 @@ class IndexStore:
 
     def _build_view(self, generation: int) -> IndexView:
         chunks = tuple(c for doc in self._docs.values() for c in doc.chunks)
-        vocab = self.encoder.vocab_size
+        vocab = self.schema.vocab_size
         blocks = [doc.rows for doc in self._docs.values()]
         matrix = (
             sp.vstack(blocks, format="csr")
@@ -545,14 +586,14 @@ class IndexStore:
                 fh.write(json.dumps(asdict(chunk), ensure_ascii=False) + "\n")
         sp.save_npz(folder / "matrix.npz", view.sparse.matrix.tocsr(), compressed=False)
         dense_id = None
-        if view.dense is not None and self._hnsw is not None and self.dense_encoder is not None:
-            dense_id = self.dense_encoder.model_id
+        if view.dense is not None and self._hnsw is not None:
+            dense_id = self.schema.dense_model_id
             np.save(folder / "slots.npy", view.dense.slots)
             (folder / "hnsw.faiss").write_bytes(self._hnsw.to_bytes())
         manifest = {
             "format": FORMAT_VERSION,
             "generation": view.generation,
-            "model_id": self.encoder.model_id,
+            "model_id": self.schema.sparse_model_id,
             "dense_model_id": dense_id,
             "next_slot": self._next_slot,
             "created_unix": time.time(),
@@ -591,27 +632,6 @@ class IndexStore:
             )
 
 
-def encoding_text(chunk: Chunk) -> str:
-    """What SPLADE encodes: the section title path, then the text. Headings carry the topic
-    that running headers used to repeat on every page ("2 Spreadsheet-like data"). A table is
-    encoded without its Markdown syntax (pipes, the separator row): only its words."""
-    text = _table_words(chunk.text) if chunk.kind == "table" else chunk.text
-    if not chunk.title_path:
-        return text
-    return " > ".join(chunk.title_path) + "\n" + text
-
-
-def _table_words(text: str) -> str:
-    """A Markdown table's text as lines of words: ``| a | b |`` → ``a b``; the ``---`` row
-    dropped. (Measured on the eval's table questions: pipes in the encoded text pushed the
-    table chunk below plain text about it.)"""
-    table = read_table(text)
-    lines = [
-        " ".join(" ".join(cells).replace("|", " ").split()) for cells in [table.header, *table.rows]
-    ]
-    return "\n".join([*table.prose, *(line for line in lines if line)])
-
-
 def _read_manifest(snap: Path) -> dict:
     try:
         manifest = json.loads((snap / "manifest.json").read_text())
@@ -647,7 +667,22 @@ def _group_documents(
     return docs
 
 
-def _check_utf8(chunks: Sequence[Chunk]) -> None:
+def _checked_vectors(
+    doc_id: str, vectors: np.ndarray | None, chunks: Sequence[Chunk]
+) -> np.ndarray:
+    """A document's dense vectors as float32, one row per chunk; InvalidArgument otherwise."""
+    if vectors is None:
+        raise InvalidArgument(f"document {doc_id!r}: dense retrieval is on, but no vectors")
+    out = np.ascontiguousarray(vectors, dtype=np.float32)
+    if out.ndim != 2 or out.shape[0] != len(chunks) or not np.isfinite(out).all():
+        raise InvalidArgument(
+            f"document {doc_id!r}: dense vectors of shape {out.shape} for {len(chunks)} chunks"
+            " (or not finite)"
+        )
+    return out
+
+
+def check_utf8(chunks: Sequence[Chunk]) -> None:
     """Refuse text that chunks.jsonl (UTF-8) and gRPC strings cannot carry: a lone surrogate,
     which is how Python holds the undecodable bytes of a file name (PEP 383)."""
     for chunk in chunks:

@@ -40,18 +40,19 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from ingest.batch import run_batch
     from ragline.errors import RaglineError
     from services.gateway import check_collection
-    from services.server import build_store
+    from services.server import build_indexer
 
     settings = _settings(args)
-    store = build_store(settings)
-    store.encoder.warm_up()
-    store.load()
+    indexer = build_indexer(settings)
+    indexer.sparse.warm_up()
+    indexer.load()
+    store = indexer.store
     i = settings.ingest
     try:
         collection = check_collection(args.collection)
         report = run_batch(
             args.paths,
-            store,
+            indexer,
             i.chunker(settings.retriever.splade_model),
             i.pdf_limits(),
             progress=not args.quiet,
@@ -260,11 +261,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_credibility_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from credibility.distant import DistantConfig, pairs_from_store
+    from credibility.distant import DistantConfig, pairs_from_index
     from credibility.model import PACKAGED_BASE, check_base, is_checkpoint, stale_reason
     from credibility.pairs import Pair, read_pairs, write_pairs
     from credibility.train import TrainConfig, train
-    from services.server import build_store
+    from services.server import build_indexer
 
     settings = _settings(args)
     out = Path(args.out) if args.out else settings.credibility.model_dir
@@ -291,7 +292,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"pair_files": args.pairs or []}
     if not args.pairs or args.with_corpus:
         settings.retriever.dense_model = ""  # hard negatives come from the sparse index
-        store = build_store(settings)
+        indexer = build_indexer(settings)
         config = DistantConfig(
             max_questions=args.max_questions,
             questions_per_chunk=args.questions_per_chunk,
@@ -299,7 +300,8 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
             answer_deleted_rate=args.answer_deleted_rate,
             seed=args.seed,
         )
-        generated, questions = pairs_from_store(store, config)
+        generated, questions = pairs_from_index(indexer, config)
+        store = indexer.store
         pairs += generated
         extra["corpus"] = {
             "index_dir": str(settings.retriever.index_dir),
@@ -340,10 +342,10 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
     import hashlib
     import shlex
 
-    from credibility.llm_questions import QuestionConfig, run, summary, writer_for_store
+    from credibility.llm_questions import QuestionConfig, run, summary, writer_for_index
     from generator.llamacpp_backend import LlamaCppBackend
     from generator.models import resolve_gguf
-    from services.server import build_store
+    from services.server import build_indexer
 
     settings = _settings(args)
     config = QuestionConfig(
@@ -364,7 +366,7 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
     teacher = LlamaCppBackend(
         args.model, threads=args.threads, context_tokens=2048, cache_ram_mib=0
     )
-    writer = writer_for_store(build_store(settings), teacher, config)
+    writer = writer_for_index(build_indexer(settings), teacher, config)
     header = {
         "model": args.model,
         "model_file": gguf.name,

@@ -22,8 +22,8 @@ from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, doc_id_for
 from ragline.errors import InvalidArgument, NotFound, Unavailable, named
 from ragline.types import Answer, Hit
+from retriever.indexer import Indexer
 from retriever.search import RetrievalResult, Retriever, SearchOptions
-from retriever.store import IndexStore
 from services.auth import Principal
 from services.paths import PathPolicy
 
@@ -94,7 +94,7 @@ class Gateway:
 
     def __init__(
         self,
-        store: IndexStore,
+        indexer: Indexer,
         retriever: Retriever,
         evidence_filter: EvidenceFilter,
         generator: AnswerGenerator,
@@ -108,7 +108,9 @@ class Gateway:
         worker_memory_mib: int = 4096,
         path_policy: PathPolicy | None = None,
     ) -> None:
-        self.store = store
+        self.indexer = indexer
+        """Encodes and writes documents (the ingest jobs' sink)."""
+        self.store = indexer.store
         self.retriever = retriever
         self.filter = evidence_filter
         self.fallback_filter = fallback_filter
@@ -407,7 +409,7 @@ class Gateway:
                 report = await asyncio.to_thread(
                     run_batch,
                     [str(f) for f in files],
-                    self.store,
+                    self.indexer,
                     self.chunker,
                     self.pdf_limits,
                     progress=False,
@@ -445,7 +447,7 @@ class Gateway:
                 ingest_one,
                 data,
                 name,
-                self.store,
+                self.indexer,
                 self.chunker,
                 self.pdf_limits,
                 collection,

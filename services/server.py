@@ -30,9 +30,9 @@ from generator.core import AnswerGenerator, TextBackend
 from generator.models import choose_backend, resolve_vllm_model
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.cache import QueryCache
-from retriever.dense import DenseEncoder
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from retriever.indexer import Indexer, schema_of
 from retriever.search import Retriever, SearchOptions
-from retriever.splade import SpladeEncoder
 from retriever.store import DenseConfig, IndexStore
 from services.auth import TokenRegistry
 from services.gateway import Gateway, Limits
@@ -59,7 +59,8 @@ INTERNAL_SERVICES = (
 MIB = 1024 * 1024
 
 
-def build_store(settings: Settings) -> IndexStore:
+def build_indexer(settings: Settings) -> Indexer:
+    """The index store and the encoders that write and query it (nothing loads yet)."""
     r = settings.retriever
     threads = settings.server.threads
     encoder = SpladeEncoder(
@@ -70,10 +71,9 @@ def build_store(settings: Settings) -> IndexStore:
         if r.dense_model
         else None
     )
-    return IndexStore(
+    store = IndexStore(
         r.index_dir,
-        encoder,
-        dense_encoder=dense_encoder,
+        schema_of(encoder, dense_encoder),
         dense=DenseConfig(
             m=r.hnsw_m,
             ef_construction=r.hnsw_ef_construction,
@@ -82,12 +82,13 @@ def build_store(settings: Settings) -> IndexStore:
         ),
         sparse_backend=r.sparse_backend,
     )
+    return Indexer(store, encoder, dense_encoder)
 
 
 def default_options(settings: Settings, store: IndexStore) -> SearchOptions:
     """The retriever settings' defaults; sparse when the store has no dense side."""
     r = settings.retriever
-    mode = r.mode if store.dense_encoder is not None else "sparse"
+    mode = r.mode if store.dense_enabled else "sparse"
     return SearchOptions(
         mode=mode, fusion=r.fusion, sparse_weight=r.sparse_weight, dense_weight=r.dense_weight
     )
@@ -172,9 +173,11 @@ def build_filter(settings: Settings) -> EvidenceFilter:
     return ClassifierFilter(classifier, c.threshold, c.timeout_s)
 
 
-def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gateway:
-    """Wire the stages from settings. Light: nothing loads until :func:`warm_up`."""
-    store = store or build_store(settings)
+def build_gateway(settings: Settings, indexer: Indexer | None = None) -> Gateway:
+    """Wire the stages from settings (``indexer``: one already built, say sharing loaded
+    encoders). Light: nothing loads until :func:`warm_up`."""
+    indexer = indexer or build_indexer(settings)
+    store = indexer.store
     c = settings.cache
     cache = (
         QueryCache(
@@ -201,8 +204,14 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
     r = settings.retriever
     i = settings.ingest
     return Gateway(
-        store=store,
-        retriever=Retriever(store, cache, settings.retriever.query_encoder),
+        indexer=indexer,
+        retriever=Retriever(
+            store,
+            indexer.sparse,
+            indexer.dense,
+            cache=cache,
+            query_encoder=settings.retriever.query_encoder,
+        ),
         default_options=default_options(settings, store),
         evidence_filter=build_filter(settings),
         fallback_filter=(
@@ -235,10 +244,11 @@ def build_gateway(settings: Settings, store: IndexStore | None = None) -> Gatewa
 def warm_up(gateway: Gateway, generator: bool = True) -> None:
     """Load the models and the index. ``generator=False`` leaves the generator to load on the
     first Answer (a retrieval-only run need not start a vLLM engine)."""
-    gateway.store.encoder.warm_up()
-    if gateway.store.dense_encoder is not None:
-        gateway.store.dense_encoder.warm_up()
-    gateway.store.load()
+    indexer = gateway.indexer
+    indexer.sparse.warm_up()
+    if indexer.dense is not None:
+        indexer.dense.warm_up()
+    indexer.load()
     gateway.filter.warm_up()
     if generator:
         gateway.generator.warm_up()
@@ -386,8 +396,8 @@ class RunningServer:
 
 def _models(gateway: Gateway) -> dict[str, str]:
     return {
-        "splade": gateway.store.encoder.model_id,
-        "dense": gateway.store.dense_encoder.model_id if gateway.store.dense_encoder else "",
+        "splade": gateway.indexer.sparse.model_id,
+        "dense": gateway.indexer.dense.model_id if gateway.indexer.dense else "",
         "sparse_backend": gateway.store.sparse_backend,
         "generator": gateway.generator.backend.model_id,
         "evidence_filter": gateway.filter.name,

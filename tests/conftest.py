@@ -12,14 +12,16 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pymupdf
 import pytest
 import pytest_asyncio
 
-from retriever.dense import DenseEncoder
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from retriever.indexer import Indexer, schema_of
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE
-from retriever.splade import SpladeEncoder
+from retriever.search import Retriever
 from retriever.store import IndexStore
 from services.server import RunningServer, build_gateway, start_server
 from services.settings import Settings
@@ -87,6 +89,22 @@ def dense_encoder() -> DenseEncoder:
     return enc
 
 
+def make_indexer(
+    index_dir: Path,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder | None = None,
+    **store_options: Any,
+) -> Indexer:
+    """An index store at ``index_dir`` and the indexer writing it with these encoders."""
+    store = IndexStore(index_dir, schema_of(encoder, dense_encoder), **store_options)
+    return Indexer(store, encoder, dense_encoder)
+
+
+def retriever_for(index: Indexer, **options: Any) -> Retriever:
+    """A retriever over ``index``'s store with its encoders (no cache unless given)."""
+    return Retriever(index.store, index.sparse, index.dense, **options)
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     return "redis://127.0.0.1:6379/0"
@@ -128,8 +146,9 @@ async def server(
     and MiniLM + HNSW both on, hybrid by default."""
     settings = make_settings(tmp_path_factory.mktemp("srv"), redis_url)
     settings.server.internal_port = 0  # the stage services too, on their own port
-    store = IndexStore(settings.retriever.index_dir, encoder, dense_encoder=dense_encoder)
-    gateway = build_gateway(settings, store)
+    gateway = build_gateway(
+        settings, make_indexer(settings.retriever.index_dir, encoder, dense_encoder)
+    )
     running = await start_server(settings, gateway)
     await gateway.ingest([str(manual_dir)], [])
     yield running
@@ -138,7 +157,7 @@ async def server(
 
 async def serve_beside(settings: Settings, shared: RunningServer) -> RunningServer:
     """A second server over the session server's index and generator (no second engine)."""
-    gateway = build_gateway(settings, shared.gateway.store)
+    gateway = build_gateway(settings, shared.gateway.indexer)
     gateway.generator = shared.gateway.generator
     return await start_server(settings, gateway)
 

@@ -13,17 +13,17 @@ import pytest_asyncio
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from credibility.distant import DistantConfig, pairs_from_store
+from credibility.distant import DistantConfig, pairs_from_index
 from credibility.lexical import context_of
 from credibility.model import PairClassifier, is_checkpoint
 from credibility.train import TrainConfig, train
 from ingest.batch import run_batch
 from ingest.chunker import ChunkerConfig
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
+from retriever.encoders import SpladeEncoder
+from retriever.indexer import Indexer
 from services.server import RunningServer
-from tests.conftest import make_settings, serve_beside, stop_beside
+from tests.conftest import make_indexer, make_settings, serve_beside, stop_beside
 
 pytestmark = pytest.mark.integration
 
@@ -31,20 +31,20 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def rdata_store(
     r_manuals: Path, encoder: SpladeEncoder, tmp_path_factory: pytest.TempPathFactory
-) -> IndexStore:
-    store = IndexStore(tmp_path_factory.mktemp("cred-index"), encoder)
-    store.load()
-    report = run_batch([r_manuals / "R-data.pdf"], store, ChunkerConfig(), None, False)
+) -> Indexer:
+    index = make_indexer(tmp_path_factory.mktemp("cred-index"), encoder)
+    index.load()
+    report = run_batch([r_manuals / "R-data.pdf"], index, ChunkerConfig(), None, False)
     assert report.count("failed") == 0
-    return store
+    return index
 
 
 @pytest.fixture(scope="module")
-def checkpoint(rdata_store: IndexStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def checkpoint(rdata_store: Indexer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # One manual, 400 questions: at the default 75% word dropout so few pairs teach the pair
     # model little (held-out AUC ~0.7); 40% keeps this a test of the machinery, in seconds.
     config = DistantConfig(max_questions=400, questions_per_chunk=3, word_dropout=0.4, seed=0)
-    pairs, _ = pairs_from_store(rdata_store, config)
+    pairs, _ = pairs_from_index(rdata_store, config)
     out = tmp_path_factory.mktemp("cred") / "model"
     train(pairs, out, TrainConfig(epochs=2, seed=0, threads=2))
     return out
@@ -83,9 +83,9 @@ def test_the_passage_with_the_answer_outscores_its_near_miss(checkpoint: Path) -
     assert probs[0] > probs[1] and probs[0] > probs[2], probs
 
 
-def test_same_seed_same_model(rdata_store: IndexStore, tmp_path: Path) -> None:
-    pairs, _ = pairs_from_store(rdata_store, DistantConfig(max_questions=30, seed=7))
-    again, _ = pairs_from_store(rdata_store, DistantConfig(max_questions=30, seed=7))
+def test_same_seed_same_model(rdata_store: Indexer, tmp_path: Path) -> None:
+    pairs, _ = pairs_from_index(rdata_store, DistantConfig(max_questions=30, seed=7))
+    again, _ = pairs_from_index(rdata_store, DistantConfig(max_questions=30, seed=7))
     assert pairs == again
     config = TrainConfig(epochs=1, seed=7, threads=2)
     train(pairs, tmp_path / "a", config)
@@ -98,8 +98,8 @@ def test_same_seed_same_model(rdata_store: IndexStore, tmp_path: Path) -> None:
     ).read_text()
 
 
-def test_the_packaged_minilm_body_is_a_base_too(rdata_store: IndexStore, tmp_path: Path) -> None:
-    pairs, _ = pairs_from_store(rdata_store, DistantConfig(max_questions=30, seed=3))
+def test_the_packaged_minilm_body_is_a_base_too(rdata_store: Indexer, tmp_path: Path) -> None:
+    pairs, _ = pairs_from_index(rdata_store, DistantConfig(max_questions=30, seed=3))
     config = TrainConfig(
         base="packaged:all-minilm-l6-v2", epochs=1, learning_rate=5e-5, max_length=96, threads=2
     )
@@ -257,7 +257,7 @@ async def test_remote_credibility_service_and_the_documented_fallback(
 
 
 def test_llm_written_questions_are_checked_deterministic_and_resumable(
-    rdata_store: IndexStore, tmp_path: Path
+    rdata_store: Indexer, tmp_path: Path
 ) -> None:
     """A real teacher (SmolLM2 through llama.cpp: the fast one; `make` generates the committed
     questions with Qwen-1.5B) over a real manual: every kept question passed its checks, a
@@ -267,7 +267,7 @@ def test_llm_written_questions_are_checked_deterministic_and_resumable(
         occurs,
         read_file,
         run,
-        writer_for_store,
+        writer_for_index,
     )
     from generator.llamacpp_backend import LlamaCppBackend
     from ragline.errors import FailedPrecondition
@@ -279,7 +279,7 @@ def test_llm_written_questions_are_checked_deterministic_and_resumable(
     header = {"model": "smollm2", "model_sha256": "test", "seed": 3, "config": {}, "index": {}}
     try:
         config = QuestionConfig(seed=3, max_questions=50, max_attempts=4)
-        writer = writer_for_store(rdata_store, teacher, config)
+        writer = writer_for_index(rdata_store, teacher, config)
         path = tmp_path / "q.jsonl"
         first = run(writer, path, header)
         assert [it.i for it in first] == [0, 1, 2, 3]
@@ -288,7 +288,7 @@ def test_llm_written_questions_are_checked_deterministic_and_resumable(
             for it in first
         )
         lines = path.read_text().splitlines()
-        more = writer_for_store(
+        more = writer_for_index(
             rdata_store, teacher, QuestionConfig(seed=3, max_questions=50, max_attempts=6)
         )
         both = run(more, path, header)
@@ -311,12 +311,12 @@ def test_llm_written_questions_are_checked_deterministic_and_resumable(
 
 
 def test_template_rewrites_are_checked_and_deterministic(
-    rdata_store: IndexStore, tmp_path: Path
+    rdata_store: Indexer, tmp_path: Path
 ) -> None:
     """``--rewrite-templates`` with a real teacher (SmolLM2 through llama.cpp) over a real
     manual: a kept rewrite routes to its passage, leaves its answer out, and its pairs are
     labelled by the span; the same seed rewrites the same way."""
-    from credibility.llm_questions import QuestionConfig, occurs, run, writer_for_store
+    from credibility.llm_questions import QuestionConfig, occurs, run, writer_for_index
     from generator.llamacpp_backend import LlamaCppBackend
 
     view = rdata_store.load()
@@ -327,7 +327,7 @@ def test_template_rewrites_are_checked_and_deterministic(
     header = {"model": "smollm2", "model_sha256": "test", "seed": 5, "config": {}, "index": {}}
     try:
         config = QuestionConfig(seed=5, max_questions=50, max_attempts=8, mode="rewrite")
-        writer = writer_for_store(rdata_store, teacher, config)
+        writer = writer_for_index(rdata_store, teacher, config)
         items = run(writer, tmp_path / "r.jsonl", header)
         assert [it.i for it in items] == list(range(8))
         assert {it.status for it in items} <= {"kept", "format", "retrieval", "reread"}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retriever.dense import DenseEncoder, HnswIndex
+from retriever.encoders import DenseEncoder
+from retriever.hnsw import HnswIndex
 from retriever.models import PACKAGED_MINILM
 from tests.conftest import MANUAL_PAGES
 

@@ -13,10 +13,9 @@ from grpc_status import rpc_status
 
 from generator.transformers_backend import TransformersBackend
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
+from retriever.encoders import SpladeEncoder
 from services.server import RunningServer, build_gateway, start_server
-from tests.conftest import make_settings, write_pdf
+from tests.conftest import make_indexer, make_settings, write_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -241,7 +240,7 @@ async def test_a_retrieval_only_server_leaves_the_generator_to_its_first_answer(
     # `ragline eval --no-answers` starts its embedded server this way: no LLM in memory
     settings = make_settings(tmp_path, redis_url)
     settings.generator.backend = "transformers"
-    gateway = build_gateway(settings, IndexStore(settings.retriever.index_dir, encoder))
+    gateway = build_gateway(settings, make_indexer(settings.retriever.index_dir, encoder))
     running = await start_server(settings, gateway, warm_generator=False)
     try:
         await gateway.ingest([str(manual_dir)], [])

@@ -14,12 +14,10 @@ import pytest
 
 from ingest.batch import run_batch
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc
-from retriever.dense import DenseEncoder
-from retriever.search import Retriever, SearchOptions
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from retriever.search import SearchOptions
 from services.server import RunningServer
-from tests.conftest import MANUAL_PAGES, write_pdf
+from tests.conftest import MANUAL_PAGES, make_indexer, retriever_for, write_pdf
 
 pytestmark = pytest.mark.integration
 
@@ -193,24 +191,24 @@ def test_dense_index_survives_reload_delete_and_replace(
     make_pdf: Callable[..., Path],
 ) -> None:
     index_dir = tmp_path / "index"
-    store = IndexStore(index_dir, encoder, dense_encoder=dense_encoder)
-    store.load()
+    index = make_indexer(index_dir, encoder, dense_encoder)
+    index.load()
     manual = make_pdf("manual.pdf", MANUAL_PAGES)
     notes = make_pdf("notes.pdf", ["Release 2.0 adds TLS support.", "ARM boards log clock skew."])
-    run_batch([manual, notes], store, progress=False)
+    run_batch([manual, notes], index, progress=False)
     query = dense_encoder.encode_query(PARAPHRASE)
-    view = store.view
+    view = index.view
     assert view.dense is not None
     before = [(view.chunks[r].chunk_id, round(s, 5)) for r, s in view.dense.search(query, 3)]
 
-    reloaded = IndexStore(index_dir, encoder, dense_encoder=dense_encoder)
+    reloaded = make_indexer(index_dir, encoder, dense_encoder)
     rview = reloaded.load()
     assert rview.dense is not None
     after = [(rview.chunks[r].chunk_id, round(s, 5)) for r, s in rview.dense.search(query, 3)]
     assert after == before  # the graph came back from the snapshot, not re-embedded
 
-    store.delete("notes")
-    live = store.view
+    index.delete("notes")
+    live = index.view
     assert live.dense is not None
     found = live.dense.search(dense_encoder.encode_query("TLS support release"), 10)
     assert found and all(live.chunks[r].doc_id == "manual" for r, _ in found)
@@ -219,48 +217,47 @@ def test_dense_index_survives_reload_delete_and_replace(
     assert set(old) <= {"manual", "notes"}
 
     make_pdf("manual.pdf", [*MANUAL_PAGES, "Chapter 5. Logs rotate daily."])
-    run_batch([manual], store, progress=False)
-    assert store.compact() >= 0
-    final = store.view
+    run_batch([manual], index, progress=False)
+    assert index.store.compact() >= 0
+    final = index.view
     assert final.dense is not None and final.dense.hnsw.tombstones == 0
     rows = [r for r, _ in final.dense.search(query, 50)]
     assert sorted(rows) == list(range(len(final.chunks)))  # every live chunk, nothing else
-    memory = store.memory()
+    memory = index.store.memory()
     assert memory["hnsw_bytes_per_chunk"] > 384 * 4 and memory["sparse_bytes_per_chunk"] > 0
 
 
 async def test_seismic_backend_serves_the_same_top_hit(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
-    store = IndexStore(tmp_path / "index", encoder, sparse_backend="seismic")
-    store.load()
-    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], store, progress=False)
-    assert store.view.approx is not None and store.view.approx.name == "seismic"
-    result = await Retriever(store).search(QUESTION, 3, SearchOptions(mode="sparse"))
+    index = make_indexer(tmp_path / "index", encoder, sparse_backend="seismic")
+    index.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], index, progress=False)
+    assert index.view.approx is not None and index.view.approx.name == "seismic"
+    result = await retriever_for(index).search(QUESTION, 3, SearchOptions(mode="sparse"))
     assert "FROB_HOME" in result.hits[0].chunk.text
     vector = encoder.encode_query(QUESTION)
-    exact = store.view.sparse.search(vector, 3)
-    assert [r for r, _ in store.view.sparse_search(vector, 3)][0] == exact[0][0]
+    exact = index.view.sparse.search(vector, 3)
+    assert [r for r, _ in index.view.sparse_search(vector, 3)][0] == exact[0][0]
     assert np.isclose(result.hits[0].score, exact[0][1], rtol=1e-2)
 
 
 async def test_inference_free_query_mode_uses_idf_weights(server: RunningServer) -> None:
-    store = server.gateway.store
-    retriever = Retriever(store, query_encoder="idf")
-    view = store.view
+    index = server.gateway.indexer
+    retriever = retriever_for(index, query_encoder="idf")
+    view = index.view
     vector = retriever.encode_sparse(view, "FROB_HOME site configuration")
     assert vector.indices and all(w > 0 for w in vector.values)
     # rarer word pieces weigh more: "fro" (in many chunks) < "home" (in one)
-    weights = dict(zip(store.encoder.tokens(list(vector.indices)), vector.values, strict=True))
+    weights = dict(zip(index.sparse.tokens(list(vector.indices)), vector.values, strict=True))
     df = view.doc_freq
     by_df = sorted(vector.indices, key=lambda t: df[t])
     assert (
-        weights[store.encoder.tokens([by_df[0]])[0]]
-        >= weights[store.encoder.tokens([by_df[-1]])[0]]
+        weights[index.sparse.tokens([by_df[0]])[0]] >= weights[index.sparse.tokens([by_df[-1]])[0]]
     )
     result = await retriever.search(QUESTION, 3, SearchOptions(mode="sparse"))
     assert "FROB_HOME" in result.hits[0].chunk.text
-    assert retriever.model_ids() != Retriever(store).model_ids()  # never shares cache keys
+    assert retriever.model_ids() != retriever_for(index).model_ids()  # never shares cache keys
 
 
 async def test_a_cancelled_leader_does_not_fail_its_joiners(server: RunningServer) -> None:

@@ -22,10 +22,11 @@ from ingest.batch import Parsed, parse_document, parse_path, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from ragline.types import Chunk
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore, _chunk_from_json, encoding_text
+from retriever.encoders import SpladeEncoder
+from retriever.indexer import Indexer, encoding_text
+from retriever.store import _chunk_from_json
 from services.convert import chunk_from_pb, chunk_to_pb
-from tests.conftest import MANUAL_PAGES, ROOT
+from tests.conftest import MANUAL_PAGES, ROOT, make_indexer
 from tests.unit.test_ingest_layout import bomb_pdf, javascript_pdf
 
 pytestmark = pytest.mark.integration
@@ -110,20 +111,20 @@ def test_batch_with_two_workers_reports_each_bad_file_and_lands_the_rest(
 ) -> None:
     expected = bad_files(tmp_path, make_pdf)
     make_pdf("notes-2.pdf", ["Release notes: the frobnicator 2.1 adds IPv6 support."])
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
     limits = PdfLimits(max_pages=10, max_stream_bytes=16 * 2**20)
-    report = run_batch([tmp_path], store, limits=limits, progress=False, workers=2)
+    report = run_batch([tmp_path], index, limits=limits, progress=False, workers=2)
     by_name = {Path(r.source).name: r for r in report.results}
     assert [Path(r.source).name for r in report.results] == sorted(by_name)  # file order
     for name, reason in expected.items():
         assert by_name[name].status == "failed" and reason in by_name[name].reason, name
     assert by_name["good.pdf"].status == by_name["notes-2.pdf"].status == "ingested"
-    assert {c.doc_id for c in store.view.chunks} == {"good", "notes-2"}
-    paths = {c.path for c in store.view.chunks if c.doc_id == "good"}
+    assert {c.doc_id for c in index.view.chunks} == {"good", "notes-2"}
+    paths = {c.path for c in index.view.chunks if c.doc_id == "good"}
     assert paths == {str((tmp_path / "good.pdf").resolve())}
     # the path survives the gRPC mapping, and a snapshot written before it existed still loads
-    chunk = store.view.chunks[0]
+    chunk = index.view.chunks[0]
     assert chunk_from_pb(chunk_to_pb(chunk, expose_paths=True)) == chunk
     older = {k: v for k, v in asdict(chunk).items() if k != "path"}
     assert _chunk_from_json(json.dumps(older)) == replace(chunk, path="")
@@ -146,9 +147,9 @@ def test_a_worker_that_dies_fails_only_its_file(
 ) -> None:
     for name in ("a.pdf", "b.pdf", "crash.pdf", "d.pdf", "e.pdf"):
         make_pdf(name, [f"{name}: " + MANUAL_PAGES[0]])
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
-    report = run_batch([tmp_path], store, progress=False, workers=2, parse=parse_or_die)
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+    report = run_batch([tmp_path], index, progress=False, workers=2, parse=parse_or_die)
     statuses = {Path(r.source).name: r.status for r in report.results}
     assert statuses == {
         "a.pdf": "ingested",
@@ -158,7 +159,7 @@ def test_a_worker_that_dies_fails_only_its_file(
         "e.pdf": "ingested",
     }
     assert "parser process died" in report.results[2].reason
-    assert {c.doc_id for c in store.view.chunks} == {"a", "b", "d", "e"}
+    assert {c.doc_id for c in index.view.chunks} == {"a", "b", "d", "e"}
 
 
 def parse_big_slowly(
@@ -170,7 +171,7 @@ def parse_big_slowly(
     return parse_path(path, chunker, limits, collection)
 
 
-class OrderedStore(IndexStore):
+class OrderedIndexer(Indexer):
     """The real index, noting the order documents land in."""
 
     landed: list[str]
@@ -192,14 +193,15 @@ def test_workers_land_documents_as_they_are_parsed_not_behind_a_long_one(
     make_pdf("a-big.pdf", MANUAL_PAGES * 3)
     for name in ("b.pdf", "c.pdf", "d.pdf"):
         make_pdf(name, [f"{name}: " + MANUAL_PAGES[0]])
-    store = OrderedStore(tmp_path / "index", encoder)
-    store.landed = []
-    store.load()
-    report = run_batch([tmp_path], store, progress=False, workers=2, parse=parse_big_slowly)
+    plain = make_indexer(tmp_path / "index", encoder)
+    index = OrderedIndexer(plain.store, plain.sparse)
+    index.landed = []
+    index.load()
+    report = run_batch([tmp_path], index, progress=False, workers=2, parse=parse_big_slowly)
     assert [r.status for r in report.results] == ["ingested"] * 4
     assert [Path(r.source).name for r in report.results][0] == "a-big.pdf"  # report: file order
     # the largest file went to a worker first; the small ones landed while it was parsed
-    assert store.landed[-1] == "a-big" and sorted(store.landed) == ["a-big", "b", "c", "d"]
+    assert index.landed[-1] == "a-big" and sorted(index.landed) == ["a-big", "b", "c", "d"]
 
 
 @pytest.mark.slow
@@ -244,7 +246,7 @@ def test_killed_ingest_resumes_without_duplicates_or_losses(
     assert report["unchanged"] == statuses["unchanged"] and report["failed"] == 0
     assert [Path(f["source"]).name for f in report["files"]] == [f"doc{n}.pdf" for n in range(6)]
 
-    index = IndexStore(tmp_path / "index", encoder)
+    index = make_indexer(tmp_path / "index", encoder)
     index.load()
     chunks = index.view.chunks
     assert {c.doc_id for c in chunks} == {f"doc{n}" for n in range(6)}

@@ -21,14 +21,12 @@ import scipy.sparse
 
 from ingest.batch import duplicate_uploads, ingest_one, parse_document, run_batch
 from retriever import store as store_module
-from retriever.dense import DenseEncoder
-from retriever.search import Retriever, SearchOptions
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from retriever.search import SearchOptions
 from retriever.sparse_index import ExactSparseIndex
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
 from services import cli
 from services.convert import chunk_to_pb, file_result_to_pb
-from tests.conftest import MANUAL_PAGES, ROOT, write_pdf
+from tests.conftest import MANUAL_PAGES, ROOT, make_indexer, retriever_for, write_pdf
 
 pytestmark = pytest.mark.integration
 
@@ -61,10 +59,10 @@ def test_a_non_utf8_file_name_ingests_under_an_escaped_name_and_the_index_keeps_
     write_pdf(docs / "a.pdf", MANUAL_PAGES[:2])
     odd = non_utf8_pdf(docs, b"caf\xe9.pdf", MANUAL_PAGES[2:])
     write_pdf(docs / "z.pdf", NOTES)
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
 
-    report = run_batch([docs], store, progress=False)
+    report = run_batch([docs], index, progress=False)
     assert [(r.doc_id, r.status) for r in report.results] == [
         ("a", "ingested"),
         ("caf\\xe9", "ingested"),
@@ -75,16 +73,16 @@ def test_a_non_utf8_file_name_ingests_under_an_escaped_name_and_the_index_keeps_
     json.dumps(report.to_dict(), ensure_ascii=False).encode("utf-8")
     report.write_json(tmp_path / "report.json")
     file_result_to_pb(report.results[1]).SerializeToString()
-    chunk = next(c for c in store.view.chunks if c.doc_id == "caf\\xe9")
+    chunk = next(c for c in index.view.chunks if c.doc_id == "caf\\xe9")
     assert chunk.source == "caf\\xe9.pdf" and chunk.path.endswith("/caf\\xe9.pdf")
     chunk.path.encode("utf-8")
     chunk_to_pb(chunk).SerializeToString()
 
     # the next writes work, and the index reloads from disk
-    assert store.delete("a") > 0
-    assert run_batch([docs / "a.pdf"], store, progress=False).results[0].status == "ingested"
-    assert run_batch([odd], store, progress=False).results[0].status == "unchanged"
-    fresh = IndexStore(tmp_path / "index", encoder)
+    assert index.delete("a") > 0
+    assert run_batch([docs / "a.pdf"], index, progress=False).results[0].status == "ingested"
+    assert run_batch([odd], index, progress=False).results[0].status == "unchanged"
+    fresh = make_indexer(tmp_path / "index", encoder)
     fresh.load()
     assert set(fresh.view.doc_hashes) == {"a", "caf\\xe9", "z"}
     assert not list((tmp_path / "index" / "snapshots").glob(".tmp-*"))
@@ -92,7 +90,7 @@ def test_a_non_utf8_file_name_ingests_under_an_escaped_name_and_the_index_keeps_
     # the same odd name in another folder: refused, as its first path (looked up by its
     # bytes) still exists
     twin = non_utf8_pdf(tmp_path / "other", b"caf\xe9.pdf", NOTES)
-    refused = run_batch([twin], store, progress=False).results[0]
+    refused = run_batch([twin], index, progress=False).results[0]
     assert refused.status == "failed" and "--replace-other-paths" in refused.reason
 
 
@@ -101,11 +99,11 @@ def test_names_whose_bytes_differ_stay_different_documents(
 ) -> None:
     non_utf8_pdf(tmp_path / "docs", b"caf\xe9.pdf", MANUAL_PAGES[:2])
     non_utf8_pdf(tmp_path / "docs", b"caf\xe8.pdf", NOTES)
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
-    report = run_batch([tmp_path / "docs"], store, progress=False)
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+    report = run_batch([tmp_path / "docs"], index, progress=False)
     assert {r.status for r in report.results} == {"ingested"}
-    assert set(store.view.doc_hashes) == {"caf\\xe8", "caf\\xe9"}
+    assert set(index.view.doc_hashes) == {"caf\\xe8", "caf\\xe9"}
 
 
 # -- a commit that fails leaves memory and disk as before ---------------------------------
@@ -151,31 +149,31 @@ def test_a_failed_commit_changes_nothing_and_the_next_write_works(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     index_dir = tmp_path / "index"
-    store = IndexStore(index_dir, encoder)
-    store.load()
+    index = make_indexer(index_dir, encoder)
+    index.load()
     manual = make_pdf("manual.pdf", MANUAL_PAGES)
-    run_batch([manual], store, progress=False)
-    view, disk = store.view, disk_state(index_dir)
+    run_batch([manual], index, progress=False)
+    view, disk = index.view, disk_state(index_dir)
     notes_chunks = parse_document(make_pdf("notes.pdf", NOTES).read_bytes(), "notes.pdf").chunks
     manual_chunks = list(view.chunks)
 
     FAULTS[fault](monkeypatch)
     with pytest.raises((OSError, MemoryError)):
-        store.put("notes", "h-notes", notes_chunks)  # a new document
+        index.put("notes", "h-notes", notes_chunks)  # a new document
     with pytest.raises((OSError, MemoryError)):
-        store.put("manual", "h-manual-2", manual_chunks[:1])  # a replaced one
+        index.put("manual", "h-manual-2", manual_chunks[:1])  # a replaced one
     with pytest.raises((OSError, MemoryError)):
-        store.delete("manual")
-    assert store.view is view and store.view.generation == 1
-    assert store.content_hash_of("notes") is None
-    assert store.content_hash_of("manual") == view.doc_hashes["manual"]
+        index.delete("manual")
+    assert index.view is view and index.view.generation == 1
+    assert index.content_hash_of("notes") is None
+    assert index.content_hash_of("manual") == view.doc_hashes["manual"]
     assert disk_state(index_dir) == disk  # no temporary folder, no new snapshot
 
     monkeypatch.undo()
-    store.put("notes", "h-notes", notes_chunks)
-    assert store.view.generation == 2 and set(store.view.doc_hashes) == {"manual", "notes"}
-    assert store.delete("manual") == len(manual_chunks)
-    fresh = IndexStore(index_dir, encoder)
+    index.put("notes", "h-notes", notes_chunks)
+    assert index.view.generation == 2 and set(index.view.doc_hashes) == {"manual", "notes"}
+    assert index.delete("manual") == len(manual_chunks)
+    fresh = make_indexer(index_dir, encoder)
     assert fresh.load().generation == 3 and set(fresh.view.doc_hashes) == {"notes"}
 
 
@@ -185,8 +183,8 @@ def test_a_batch_goes_on_past_a_document_the_index_failed_to_write(
     make_pdf: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
     real, calls = scipy.sparse.save_npz, []
 
     def full_once(*args: object, **kwargs: object) -> None:
@@ -197,11 +195,11 @@ def test_a_batch_goes_on_past_a_document_the_index_failed_to_write(
 
     monkeypatch.setattr(scipy.sparse, "save_npz", full_once)
     first, second = make_pdf("a.pdf", MANUAL_PAGES), make_pdf("b.pdf", NOTES)
-    report = run_batch([first, second], store, progress=False, workers=0)
+    report = run_batch([first, second], index, progress=False, workers=0)
     assert [r.status for r in report.results] == ["failed", "ingested"]
     assert "index write failed" in report.results[0].reason
     assert "No space left" in report.results[0].reason
-    assert set(store.view.doc_hashes) == {"b"} and store.view.generation == 1
+    assert set(index.view.doc_hashes) == {"b"} and index.view.generation == 1
 
 
 async def test_a_failed_commit_on_a_dense_index_restores_the_graph(
@@ -212,30 +210,30 @@ async def test_a_failed_commit_on_a_dense_index_restores_the_graph(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     index_dir = tmp_path / "index"
-    store = IndexStore(index_dir, encoder, dense_encoder=dense_encoder)
-    store.load()
+    index = make_indexer(index_dir, encoder, dense_encoder)
+    index.load()
     manual, notes = make_pdf("manual.pdf", MANUAL_PAGES), make_pdf("notes.pdf", NOTES)
-    run_batch([manual, notes], store, progress=False)
+    run_batch([manual, notes], index, progress=False)
     dense = SearchOptions(mode="dense")
-    before = await Retriever(store).search(QUESTION, 5, dense)
-    generation, disk = store.view.generation, disk_state(index_dir)
+    before = await retriever_for(index).search(QUESTION, 5, dense)
+    generation, disk = index.view.generation, disk_state(index_dir)
 
     _fail_writing_the_matrix(monkeypatch)
     make_pdf("manual.pdf", [*MANUAL_PAGES, "Chapter 5. Logs rotate daily."])
-    failed = run_batch([manual], store, progress=False)  # replaces: tombstones + new vectors
+    failed = run_batch([manual], index, progress=False)  # replaces: tombstones + new vectors
     assert failed.results[0].status == "failed"
     with pytest.raises(OSError):
-        store.delete("notes")
-    assert store.view.generation == generation and disk_state(index_dir) == disk
-    after = await Retriever(store).search(QUESTION, 5, dense)
+        index.delete("notes")
+    assert index.view.generation == generation and disk_state(index_dir) == disk
+    after = await retriever_for(index).search(QUESTION, 5, dense)
     assert [(h.chunk.chunk_id, round(h.score, 5)) for h in after.hits] == [
         (h.chunk.chunk_id, round(h.score, 5)) for h in before.hits
     ]
 
     monkeypatch.undo()
-    assert run_batch([manual], store, progress=False).results[0].status == "replaced"
-    assert store.delete("notes") > 0
-    view = store.view
+    assert run_batch([manual], index, progress=False).results[0].status == "replaced"
+    assert index.delete("notes") > 0
+    view = index.view
     assert view.dense is not None and view.generation == generation + 2
     rows = sorted(r for r, _ in view.dense.search(dense_encoder.encode_query(QUESTION), 50))
     assert rows == list(range(len(view.chunks)))  # every live chunk, no stale slot
@@ -246,9 +244,9 @@ def test_leftovers_of_a_crashed_write_are_removed_when_the_store_loads(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
     index_dir = tmp_path / "index"
-    store = IndexStore(index_dir, encoder)
-    store.load()
-    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], store, progress=False)
+    index = make_indexer(index_dir, encoder)
+    index.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], index, progress=False)
     folder = index_dir / "snapshots" / ".tmp-g000002-999"
     folder.mkdir()
     (folder / "chunks.jsonl").write_text("{broken")
@@ -258,12 +256,12 @@ def test_leftovers_of_a_crashed_write_are_removed_when_the_store_loads(
     # while a writer holds the lock, its temporary files are not leftovers
     with (index_dir / ".lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        IndexStore(index_dir, encoder).load()
+        make_indexer(index_dir, encoder).load()
         assert folder.exists() and pointer.exists()
         fcntl.flock(lock, fcntl.LOCK_UN)
 
-    reloaded = IndexStore(index_dir, encoder)
-    assert reloaded.load().generation == store.view.generation
+    reloaded = make_indexer(index_dir, encoder)
+    assert reloaded.load().generation == index.view.generation
     assert not folder.exists() and not pointer.exists()
 
 
@@ -271,37 +269,37 @@ def test_leftovers_of_a_crashed_write_are_removed_when_the_store_loads(
 def test_an_upload_does_not_silently_replace_a_document_from_another_source(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
     on_disk = make_pdf("srv/manual.pdf", MANUAL_PAGES)
-    run_batch([on_disk], store, progress=False)
+    run_batch([on_disk], index, progress=False)
     upload = make_pdf("upload/manual.pdf", NOTES).read_bytes()
 
-    refused = ingest_one(upload, "manual.pdf", store)
+    refused = ingest_one(upload, "manual.pdf", index)
     assert refused.status == "failed" and refused.doc_id == "manual"
     assert str(on_disk.resolve()) in refused.reason and "replace_other_paths" in refused.reason
-    assert store.view.generation == 1 and store.path_of("manual") == str(on_disk.resolve())
-    replaced = ingest_one(upload, "manual.pdf", store, replace_other_paths=True)
-    assert replaced.status == "replaced" and store.path_of("manual") == ""
+    assert index.view.generation == 1 and index.path_of("manual") == str(on_disk.resolve())
+    replaced = ingest_one(upload, "manual.pdf", index, replace_other_paths=True)
+    assert replaced.status == "replaced" and index.path_of("manual") == ""
 
     # a new version of the same upload replaces it; the same bytes again change nothing
     newer = make_pdf("upload/v2.pdf", [*NOTES, "Release 2.1 adds IPv6."]).read_bytes()
-    assert ingest_one(newer, "manual.pdf", store).status == "replaced"
-    assert ingest_one(newer, "manual.pdf", store).status == "unchanged"
+    assert ingest_one(newer, "manual.pdf", index).status == "replaced"
+    assert ingest_one(newer, "manual.pdf", index).status == "unchanged"
     # ... but not an upload of that name into another collection
-    elsewhere = ingest_one(newer, "manual.pdf", store, collection="team-b")
+    elsewhere = ingest_one(newer, "manual.pdf", index, collection="team-b")
     assert elsewhere.status == "failed" and "'default'" in elsewhere.reason
-    assert store.collection_of("manual") == "default"
-    moved = ingest_one(newer, "manual.pdf", store, collection="team-b", replace_other_paths=True)
-    assert moved.status == "replaced" and store.collection_of("manual") == "team-b"
+    assert index.collection_of("manual") == "default"
+    moved = ingest_one(newer, "manual.pdf", index, collection="team-b", replace_other_paths=True)
+    assert moved.status == "replaced" and index.collection_of("manual") == "team-b"
 
 
 def test_two_uploads_of_one_name_in_one_request_refuse_the_later(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
-    batch = run_batch([make_pdf("srv/guide.pdf", NOTES)], store, progress=False)
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+    batch = run_batch([make_pdf("srv/guide.pdf", NOTES)], index, progress=False)
     uploads = [
         ("manual.pdf", make_pdf("u1.pdf", MANUAL_PAGES).read_bytes()),
         ("notes.pdf", make_pdf("u2.pdf", NOTES).read_bytes()),
@@ -313,10 +311,10 @@ def test_two_uploads_of_one_name_in_one_request_refuse_the_later(
     assert "'manual' already used by manual.pdf" in refused[2].reason
     assert str(tmp_path / "srv" / "guide.pdf") in refused[3].reason
     results = [
-        refused.get(i) or ingest_one(data, name, store) for i, (name, data) in enumerate(uploads)
+        refused.get(i) or ingest_one(data, name, index) for i, (name, data) in enumerate(uploads)
     ]
     assert [r.status for r in results] == ["ingested", "ingested", "failed", "failed"]
-    assert store.view.generation == 3  # guide, then manual and notes: nothing replaced
+    assert index.view.generation == 3  # guide, then manual and notes: nothing replaced
 
 
 # -- the CLI ------------------------------------------------------------------------------
@@ -348,8 +346,8 @@ def test_cli_ingest_reports_a_missing_path_and_odd_names_and_lands_the_rest(
         ("b", "ingested"),
     ]
     assert report["warnings"] == [f"{empty}: no PDF files in this folder"]
-    store = IndexStore(index_dir, encoder)
-    assert set(store.load().doc_hashes) == {"a", "caf\\xe9", "b"}
+    index = make_indexer(index_dir, encoder)
+    assert set(index.load().doc_hashes) == {"a", "caf\\xe9", "b"}
     assert not list((index_dir / "snapshots").glob(".tmp-*"))
 
 

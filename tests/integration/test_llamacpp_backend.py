@@ -20,10 +20,9 @@ from generator.models import PACKAGED_QWEN_CODER_1_5B, PACKAGED_SMOLLM2
 from generator.prompt import SYSTEM_PROMPT
 from ragline.errors import ResourceExhausted
 from ragline.v1 import common_pb2, stages_pb2, stages_pb2_grpc
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
+from retriever.encoders import SpladeEncoder
 from services.server import build_gateway, start_server
-from tests.conftest import make_settings
+from tests.conftest import make_indexer, make_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -133,7 +132,7 @@ async def test_grpc_callers_get_resource_exhausted_with_retry_info(
     settings.server.internal_port = 0
     settings.generator.backend = "llamacpp"
     settings.generator.llamacpp_max_queue = 0  # nobody waits: busy means refused
-    gateway = build_gateway(settings, IndexStore(settings.retriever.index_dir, encoder))
+    gateway = build_gateway(settings, make_indexer(settings.retriever.index_dir, encoder))
     running = await start_server(settings, gateway)
     llama = gateway.generator.backend
     assert isinstance(llama, LlamaCppBackend)

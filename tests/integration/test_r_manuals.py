@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from retriever.dense import DenseEncoder
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
+from retriever.encoders import DenseEncoder, SpladeEncoder
 from services.gateway import Gateway
 from services.server import build_gateway
 from services.settings import Settings
+from tests.conftest import make_indexer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,9 +25,9 @@ def gateway(  # type: ignore[no-untyped-def]
     settings = Settings()
     settings.cache.enabled = False
     settings.ingest.path_roots = str(r_manuals)  # the Ingest RPC's core reads paths only there
-    store = IndexStore(tmp_path_factory.mktemp("rindex"), encoder, dense_encoder=dense_encoder)
-    store.load()
-    gw = build_gateway(settings, store)
+    index = make_indexer(tmp_path_factory.mktemp("rindex"), encoder, dense_encoder=dense_encoder)
+    index.load()
+    gw = build_gateway(settings, index)
     gw.generator.warm_up()
     yield gw
     close = getattr(gw.generator.backend, "close", None)

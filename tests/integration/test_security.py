@@ -18,15 +18,13 @@ import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
-from retriever.dense import DenseEncoder
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
+from retriever.encoders import DenseEncoder, SpladeEncoder
 from services.auth import bearer_metadata, new_token
 from services.client import open_channel
 from services.server import RunningServer, build_gateway, start_server
 from services.settings import Settings
 from tests.certs import make_certs
-from tests.conftest import ROOT, make_settings, serve_beside, stop_beside, write_pdf
+from tests.conftest import ROOT, make_indexer, make_settings, serve_beside, stop_beside, write_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -57,8 +55,8 @@ async def _own_store_server(
     settings: Settings, shared: RunningServer, encoder: SpladeEncoder, dense: DenseEncoder
 ) -> RunningServer:
     """A server with its own (empty) index, sharing the session server's generator."""
-    store = IndexStore(settings.retriever.index_dir, encoder, dense_encoder=dense)
-    gateway = build_gateway(settings, store)
+    index = make_indexer(settings.retriever.index_dir, encoder, dense)
+    gateway = build_gateway(settings, index)
     gateway.generator = shared.gateway.generator
     return await start_server(settings, gateway)
 
@@ -430,7 +428,7 @@ async def test_a_running_server_sees_what_the_cli_ingested(  # type: ignore[no-u
     try:
         pdf = write_pdf(tmp_path / "pdfs" / "orrery.pdf", ["The brass orrery turns 9 planets."])
         # as `ragline ingest` does: its own store over the same folder, in another thread
-        writer = IndexStore(settings.retriever.index_dir, encoder, dense_encoder=dense_encoder)
+        writer = make_indexer(settings.retriever.index_dir, encoder, dense_encoder)
         await asyncio.to_thread(writer.load)
         await asyncio.to_thread(run_batch, [str(pdf)], writer, progress=False)
         for _ in range(100):

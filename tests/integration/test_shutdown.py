@@ -17,10 +17,9 @@ import grpc
 import pytest
 
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc
+from retriever.encoders import SpladeEncoder
 from retriever.models import PACKAGED_SPLADE
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
-from tests.conftest import ROOT, write_pdf
+from tests.conftest import ROOT, make_indexer, write_pdf
 
 pytestmark = pytest.mark.integration
 
@@ -103,6 +102,6 @@ def test_sigterm_stops_the_server_within_its_grace_period_mid_ingest(tmp_path: P
     # the caller hears of it (the stop cancelled its call), never a hang or UNKNOWN
     assert outcome and outcome[0] in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
     # Whatever was committed is whole: the index loads and verifies.
-    store = IndexStore(tmp_path / "index", SpladeEncoder(PACKAGED_SPLADE, threads=1))
-    view = store.load()
+    index = make_indexer(tmp_path / "index", SpladeEncoder(PACKAGED_SPLADE, threads=1))
+    view = index.load()
     assert len(view.doc_hashes) in (0, 1)

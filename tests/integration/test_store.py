@@ -8,96 +8,96 @@ import pytest
 
 from ingest.batch import run_batch
 from ragline.errors import DataLoss, FailedPrecondition, NotFound
-from retriever.search import Retriever, SearchOptions
-from retriever.splade import SpladeEncoder
-from retriever.store import IndexStore
-from tests.conftest import MANUAL_PAGES
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from retriever.indexer import Indexer
+from retriever.search import SearchOptions
+from tests.conftest import MANUAL_PAGES, make_indexer, retriever_for
 
 pytestmark = pytest.mark.integration
 
 
-def indexed_store(index_dir: Path, encoder: SpladeEncoder, pdf: Path) -> IndexStore:
-    store = IndexStore(index_dir, encoder)
-    store.load()
-    run_batch([pdf], store, progress=False)
-    return store
+def indexed_store(index_dir: Path, encoder: SpladeEncoder, pdf: Path) -> Indexer:
+    index = make_indexer(index_dir, encoder)
+    index.load()
+    run_batch([pdf], index, progress=False)
+    return index
 
 
 def test_ingest_is_idempotent_replaces_changed_and_deletes(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
     manual = make_pdf("manual.pdf", MANUAL_PAGES)
     junk = tmp_path / "notes.pdf"
     junk.write_text("this is not a pdf")
 
-    report = run_batch([manual, junk], store, progress=False)
+    report = run_batch([manual, junk], index, progress=False)
     assert [r.status for r in report.results] == ["ingested", "failed"]
     assert "not a PDF" in report.results[1].reason
-    first = store.view
+    first = index.view
     assert first.generation == 1 and len(first.chunks) >= 1
 
-    again = run_batch([manual], store, progress=False)
+    again = run_batch([manual], index, progress=False)
     assert again.results[0].status == "unchanged"
-    assert store.view.generation == 1  # a no-op commits nothing
+    assert index.view.generation == 1  # a no-op commits nothing
 
     make_pdf("manual.pdf", [*MANUAL_PAGES, "Chapter 5. Appendix on the frobnicator logs."])
-    changed = run_batch([manual], store, progress=False)
+    changed = run_batch([manual], index, progress=False)
     assert changed.results[0].status == "replaced"
-    assert store.view.generation == 2
-    assert {c.doc_id for c in store.view.chunks} == {"manual"}
-    assert not {c.chunk_id for c in first.chunks} & {c.chunk_id for c in store.view.chunks}
+    assert index.view.generation == 2
+    assert {c.doc_id for c in index.view.chunks} == {"manual"}
+    assert not {c.chunk_id for c in first.chunks} & {c.chunk_id for c in index.view.chunks}
 
-    chunks_before = len(store.view.chunks)
-    assert store.delete("manual") == chunks_before
-    assert store.view.chunks == () and store.view.generation == 3
+    chunks_before = len(index.view.chunks)
+    assert index.delete("manual") == chunks_before
+    assert index.view.chunks == () and index.view.generation == 3
     with pytest.raises(NotFound):
-        store.delete("manual")
+        index.delete("manual")
 
 
 def test_a_same_named_file_from_another_folder_does_not_silently_replace(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
-    store = IndexStore(tmp_path / "index", encoder)
-    store.load()
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
     first = make_pdf("a/manual.pdf", MANUAL_PAGES)
     other = make_pdf("b/manual.pdf", ["Chapter 1. A different manual about the widget daemon."])
-    assert run_batch([first], store, progress=False).results[0].status == "ingested"
-    kept = store.view
+    assert run_batch([first], index, progress=False).results[0].status == "ingested"
+    kept = index.view
 
-    refused = run_batch([other], store, progress=False).results[0]
+    refused = run_batch([other], index, progress=False).results[0]
     assert refused.status == "failed"
     assert str(first.resolve()) in refused.reason and "--replace-other-paths" in refused.reason
-    assert store.view.generation == kept.generation  # nothing written
-    assert store.path_of("manual") == str(first.resolve())
+    assert index.view.generation == kept.generation  # nothing written
+    assert index.path_of("manual") == str(first.resolve())
 
-    forced = run_batch([other], store, progress=False, replace_other_paths=True)
+    forced = run_batch([other], index, progress=False, replace_other_paths=True)
     assert forced.results[0].status == "replaced"
-    assert store.path_of("manual") == str(other.resolve())
-    assert "widget" in " ".join(c.text for c in store.view.chunks)
+    assert index.path_of("manual") == str(other.resolve())
+    assert "widget" in " ".join(c.text for c in index.view.chunks)
 
     # the folder moved: its old path is gone, so the file replaces its document as usual
     moved = make_pdf("c/manual.pdf", [*MANUAL_PAGES, "Chapter 5. Appendix."])
     other.unlink()
-    assert run_batch([moved], store, progress=False).results[0].status == "replaced"
+    assert run_batch([moved], index, progress=False).results[0].status == "replaced"
 
 
 async def test_snapshot_reloads_and_survives_a_crashed_write(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
     index_dir = tmp_path / "index"
-    store = indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))
+    index = indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))
     question = "Which environment variable gives the location of the site configuration file?"
-    before = await Retriever(store).search(question, 3, SearchOptions(mode="sparse"))
+    before = await retriever_for(index).search(question, 3, SearchOptions(mode="sparse"))
     # A writer that died mid-snapshot leaves only a temp folder behind.
     (index_dir / "snapshots" / ".tmp-g000002-999").mkdir()
     (index_dir / "snapshots" / ".tmp-g000002-999" / "chunks.jsonl").write_text("{broken")
 
-    reloaded = IndexStore(index_dir, encoder)
+    reloaded = make_indexer(index_dir, encoder)
     reloaded.load()
-    after = await Retriever(reloaded).search(question, 3, SearchOptions(mode="sparse"))
-    assert reloaded.view.generation == store.view.generation
+    after = await retriever_for(reloaded).search(question, 3, SearchOptions(mode="sparse"))
+    assert reloaded.view.generation == index.view.generation
     assert [h.chunk.chunk_id for h in after.hits] == [h.chunk.chunk_id for h in before.hits]
     assert 3 in after.hits[0].chunk.pages
     assert not (index_dir / "snapshots" / ".tmp-g000002-999").exists()  # the leftover went
@@ -112,7 +112,7 @@ def test_corrupt_or_mismatched_snapshot_is_refused(
     other = SpladeEncoder("some/other-splade")
     other._model = encoder.model  # same weights, different configured id
     with pytest.raises(FailedPrecondition, match="re-ingest"):
-        IndexStore(index_dir, other).load()
+        make_indexer(index_dir, other).load()
 
     copy = tmp_path / "copy"
     shutil.copytree(index_dir, copy)
@@ -120,20 +120,20 @@ def test_corrupt_or_mismatched_snapshot_is_refused(
     with (snap / "chunks.jsonl").open("a") as fh:
         fh.write("\n")
     with pytest.raises(DataLoss, match="checksum"):
-        IndexStore(copy, encoder).load()
+        make_indexer(copy, encoder).load()
 
 
 def test_two_writers_never_overwrite_each_other(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
     index_dir = tmp_path / "index"
-    server_side, cli_side = IndexStore(index_dir, encoder), IndexStore(index_dir, encoder)
+    server_side, cli_side = make_indexer(index_dir, encoder), make_indexer(index_dir, encoder)
     server_side.load()
     cli_side.load()
     run_batch([make_pdf("a.pdf", MANUAL_PAGES[:2])], cli_side, progress=False)
     run_batch([make_pdf("b.pdf", MANUAL_PAGES[2:])], server_side, progress=False)
     assert server_side.view.generation == 2
-    fresh = IndexStore(index_dir, encoder)
+    fresh = make_indexer(index_dir, encoder)
     fresh.load()
     assert set(fresh.view.doc_hashes) == {"a", "b"}
 
@@ -147,11 +147,11 @@ def test_put_encodes_in_slices_reporting_progress_and_indexes_the_same(
         Chunk(f"c{i}", "manual", i, text, (i + 1,), "manual.pdf")
         for i, text in enumerate((MANUAL_PAGES * 5)[:5])
     ]
-    whole = IndexStore(tmp_path / "whole", encoder)
+    whole = make_indexer(tmp_path / "whole", encoder)
     whole.load()
     whole.put("manual", "h1", chunks)
-    monkeypatch.setattr("retriever.store.ENCODE_SLICE", 2)
-    sliced = IndexStore(tmp_path / "sliced", encoder)
+    monkeypatch.setattr("retriever.indexer.ENCODE_SLICE", 2)
+    sliced = make_indexer(tmp_path / "sliced", encoder)
     sliced.load()
     calls: list[int] = []
     sliced.put("manual", "h1", chunks, progress=calls.append)
@@ -159,3 +159,26 @@ def test_put_encodes_in_slices_reporting_progress_and_indexes_the_same(
     a, b = whole.view.sparse.matrix, sliced.view.sparse.matrix
     assert a.shape == b.shape == (5, a.shape[1])
     assert abs(a - b).max() < 1e-4  # slicing the batch changes nothing the index holds
+
+
+def test_the_indexer_embeds_an_index_built_without_dense_vectors_once(
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+    make_pdf: Callable[..., Path],
+) -> None:
+    index_dir = tmp_path / "index"
+    indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))  # sparse only
+
+    with_dense = make_indexer(index_dir, encoder, dense_encoder)
+    assert with_dense.store.load().dense is None  # the store alone never encodes
+    assert with_dense.store.dense_missing
+    view = with_dense.load()  # the indexer embeds every chunk and commits the vectors
+    assert view.generation == 2 and view.dense is not None and not with_dense.store.dense_missing
+    question = dense_encoder.encode_query("Where is the file that configures the whole site?")
+    top = view.chunks[view.dense.search(question, 1)[0][0]]
+    assert 3 in top.pages
+
+    again = make_indexer(index_dir, encoder, dense_encoder)
+    assert again.load().generation == 2  # persisted: nothing embedded on the next start
+    assert again.backfill_dense() == 0

@@ -169,8 +169,8 @@ def test_long_table_parts_fit_the_splade_model_in_its_own_tokens() -> None:
 
     from ingest.chunker import MAX_TABLE_TOKENS, split_table, table_limit
     from ingest.tables import to_markdown
+    from retriever.indexer import encoding_text
     from retriever.models import PACKAGED_SPLADE, resolve_splade
-    from retriever.store import encoding_text
 
     folder = resolve_splade(PACKAGED_SPLADE)
     config = ChunkerConfig(target_tokens=256, overlap_tokens=48, tokenizer=folder)

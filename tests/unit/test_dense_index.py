@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ragline.errors import DataLoss, FailedPrecondition
-from retriever.dense import EXACT_FILTER_ROWS, HnswIndex
+from retriever.hnsw import EXACT_FILTER_ROWS, HnswIndex
 
 pytestmark = pytest.mark.unit
 

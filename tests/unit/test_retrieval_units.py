@@ -59,7 +59,7 @@ def test_normalize_query_uses_nfkc() -> None:
 
 
 def test_prune_rows_keeps_each_rows_strongest_terms() -> None:
-    from retriever.splade import prune_rows
+    from retriever.encoders import prune_rows
 
     matrix = sp.csr_matrix(
         np.array([[0.1, 0.9, 0.5, 0.0], [0.3, 0.0, 0.0, 0.0], [0.2, 0.4, 0.8, 0.6]], np.float32)

@@ -1,7 +1,7 @@
-"""Dense retrieval: sentence embeddings and a FAISS HNSW index with tombstones and filters.
+"""Dense retrieval's index: a FAISS HNSW graph with tombstones and filters.
 
-``DenseEncoder`` turns passages and queries into L2-normalised float32 vectors (all-MiniLM-L6-v2
-by default), so inner product is cosine similarity. ``HnswIndex`` keeps them in a FAISS
+``retriever.encoders.dense.DenseEncoder`` turns passages and queries into L2-normalised float32
+vectors, so inner product is cosine similarity. ``HnswIndex`` keeps them in a FAISS
 ``IndexHNSWFlat`` under caller-chosen integer ids:
 
 * HNSW cannot remove vectors, so :meth:`HnswIndex.remove` marks rows dead (tombstones) and
@@ -27,7 +27,7 @@ import logging
 import math
 import threading
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -35,7 +35,6 @@ import faiss as _faiss
 import numpy as np
 
 from ragline.errors import DataLoss, FailedPrecondition
-from retriever.models import resolve_dense
 
 logger = logging.getLogger(__name__)
 
@@ -69,76 +68,6 @@ ADD_BATCH = 1024
 GPU_MAX_K = 2048
 """FAISS GPU k-selection limit (without cuVS)."""
 SNAPSHOT_FORMAT = 1
-
-
-class DenseEncoder:
-    """Encodes passages and queries to unit-length float32 vectors.
-
-    Light ``__init__``; :meth:`warm_up` loads the model.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        batch_size: int = 32,
-        max_seq_length: int = 256,
-        threads: int = 0,
-        device: str = "cpu",
-    ) -> None:
-        self.model_id = model
-        self.batch_size = batch_size
-        self.max_seq_length = max_seq_length
-        self.threads = threads
-        self.device = device
-        self._model: Any = None
-        self._lock = threading.Lock()
-
-    def warm_up(self) -> None:
-        with self._lock:
-            if self._model is not None:
-                return
-            import torch
-            from sentence_transformers import SentenceTransformer
-
-            if self.device.startswith("cuda") and not torch.cuda.is_available():
-                raise FailedPrecondition(f"dense device {self.device!r}: CUDA is not available")
-            if self.threads > 0:
-                torch.set_num_threads(self.threads)
-            path = resolve_dense(self.model_id)
-            logger.info("loading dense model %s from %s", self.model_id, path)
-            model = SentenceTransformer(path, device=self.device)
-            model.max_seq_length = min(self.max_seq_length, model.max_seq_length or 512)
-            self._model = model
-
-    @property
-    def model(self) -> Any:
-        if self._model is None:
-            self.warm_up()
-        return self._model
-
-    @property
-    def dim(self) -> int:
-        return int(self.model.get_embedding_dimension())
-
-    def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
-        """Encode passages into a ``len(texts) x dim`` float32 matrix of unit rows."""
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        out = self.model.encode_document(
-            list(texts),
-            batch_size=self.batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-            show_progress_bar=False,
-        )
-        return np.ascontiguousarray(out, dtype=np.float32)
-
-    def encode_query(self, text: str) -> np.ndarray:
-        """Encode one query into a unit vector of shape ``(dim,)``."""
-        out = self.model.encode_query(
-            [text], convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
-        )
-        return np.ascontiguousarray(out[0], dtype=np.float32)
 
 
 class _ReadWriteLock:

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import logging
-import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from ragline.types import SparseVector
+from retriever.encoders.lazy import LazyModel
 from retriever.models import resolve_splade
 
 logger = logging.getLogger(__name__)
 
 
-class SpladeEncoder:
+class SpladeEncoder(LazyModel):
     """Encodes documents to a CSR matrix and queries to :class:`SparseVector`.
 
     Light ``__init__``; :meth:`warm_up` loads the model.
@@ -30,38 +32,31 @@ class SpladeEncoder:
         threads: int = 0,
         top_terms: int = 0,
     ) -> None:
-        self.model_id = model
+        super().__init__(model, threads)
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
-        self.threads = threads
         self.top_terms = top_terms
         """Keep only this many strongest terms per passage (0 = all): a smaller index."""
-        self._model: Any = None
-        self._lock = threading.Lock()
 
-    def warm_up(self) -> None:
-        with self._lock:
-            if self._model is not None:
-                return
-            import torch
-            from sentence_transformers import SparseEncoder
+    def _load(self) -> Any:
+        from sentence_transformers import SparseEncoder
 
-            if self.threads > 0:
-                torch.set_num_threads(self.threads)
-            path = resolve_splade(self.model_id)
-            logger.info("loading SPLADE model %s from %s", self.model_id, path)
-            model = SparseEncoder(path, device="cpu")
-            model.max_seq_length = min(self.max_seq_length, model.max_seq_length or 512)
-            self._model = model
-
-    @property
-    def model(self) -> Any:
-        if self._model is None:
-            self.warm_up()
-        return self._model
+        path = resolve_splade(self.model_id)
+        logger.info("loading SPLADE model %s from %s", self.model_id, path)
+        model = SparseEncoder(path, device="cpu")
+        model.max_seq_length = min(self.max_seq_length, model.max_seq_length or 512)
+        return model
 
     @property
     def vocab_size(self) -> int:
+        """The vocabulary's size, read from the model folder's config without loading the
+        weights where it is a local folder (the index store needs it before any encoding)."""
+        if self._model is None:
+            config = Path(resolve_splade(self.model_id)) / "config.json"
+            try:
+                return int(json.loads(config.read_text())["vocab_size"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # an HF id or an unusual layout: ask the model
         return int(self.model[0].auto_model.config.vocab_size)
 
     @property
