@@ -7,7 +7,7 @@ CORPUS ?= data/corpus
 PORT ?= 50051
 QUESTIONS ?= data/credibility/*.jsonl
 
-.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-ingest bench-generate bench-security clean
+.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-encode bench-ingest bench-generate bench-security clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~5 min), serve on :$(PORT)
@@ -68,6 +68,11 @@ bench: setup redis
 ## bench-credibility: classifier latency on 20 passages and accuracy, fp32/int8, by max length
 bench-credibility: setup
 	$(BIN)/python bench/credibility.py
+
+## bench-encode: SPLADE and MiniLM passages/s and query latency by variant (float32 through
+##      sentence-transformers, ragline's paths, bfloat16), with recall on the LLM-written questions
+bench-encode: setup
+	$(BIN)/python bench/encode.py
 
 ## bench-generate: TTFT and tokens/s per generator backend (vLLM in-process, vLLM's OpenAI
 ##      server, transformers), 1 and 8 concurrent requests

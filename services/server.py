@@ -64,10 +64,21 @@ def build_indexer(settings: Settings) -> Indexer:
     r = settings.retriever
     threads = settings.server.threads
     encoder = SpladeEncoder(
-        r.splade_model, r.max_seq_length, r.batch_size, threads=threads, top_terms=r.doc_top_terms
+        r.splade_model,
+        r.max_seq_length,
+        r.batch_size,
+        threads=threads,
+        top_terms=r.doc_top_terms,
+        dtype=r.encode_dtype,
     )
     dense_encoder = (
-        DenseEncoder(r.dense_model, threads=threads, device=r.dense_device)
+        DenseEncoder(
+            r.dense_model,
+            batch_size=r.batch_size,
+            threads=threads,
+            device=r.dense_device,
+            dtype=r.encode_dtype,
+        )
         if r.dense_model
         else None
     )

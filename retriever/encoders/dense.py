@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ragline.errors import FailedPrecondition
-from retriever.encoders.lazy import LazyModel
+from retriever.encoders.lazy import EncodeDtype, LazyModel, autocast, resolve_dtype
 from retriever.models import resolve_dense
 
 logger = logging.getLogger(__name__)
@@ -19,7 +19,10 @@ logger = logging.getLogger(__name__)
 class DenseEncoder(LazyModel):
     """Encodes passages and queries to unit-length float32 vectors.
 
-    Light ``__init__``; :meth:`warm_up` loads the model.
+    Light ``__init__``; :meth:`warm_up` loads the model. ``dtype="bfloat16"`` encodes passages
+    in bfloat16 where the CPU has it natively (~2x on 2 cores, ``bench/encode.py``); queries
+    run in float32, without sentence-transformers' per-call bookkeeping when the model is a
+    plain transformer + mean pooling + normalisation (MiniLM).
     """
 
     def __init__(
@@ -29,11 +32,15 @@ class DenseEncoder(LazyModel):
         max_seq_length: int = 256,
         threads: int = 0,
         device: str = "cpu",
+        dtype: EncodeDtype = "float32",
     ) -> None:
         super().__init__(model, threads)
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
         self.device = device
+        self.dtype = resolve_dtype(dtype)
+        """What passages are encoded in (queries: always float32)."""
+        self._mean_pooled = False
 
     def _load(self) -> Any:
         import torch
@@ -45,6 +52,12 @@ class DenseEncoder(LazyModel):
         logger.info("loading dense model %s from %s", self.model_id, path)
         model = SentenceTransformer(path, device=self.device)
         model.max_seq_length = min(self.max_seq_length, model.max_seq_length or 512)
+        names = [type(m).__name__ for m in model]
+        self._mean_pooled = (
+            names == ["Transformer", "Pooling", "Normalize"]
+            and getattr(model[1], "pooling_mode", None) == "mean"
+            and not any(getattr(model, "prompts", {}).values())
+        )
         return model
 
     @property
@@ -55,17 +68,35 @@ class DenseEncoder(LazyModel):
         """Encode passages into a ``len(texts) x dim`` float32 matrix of unit rows."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        out = self.model.encode_document(
-            list(texts),
-            batch_size=self.batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-            show_progress_bar=False,
-        )
+        model = self.model
+        with autocast(self.dtype, self.device):
+            out = model.encode_document(
+                list(texts),
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
         return np.ascontiguousarray(out, dtype=np.float32)
 
     def encode_query(self, text: str) -> np.ndarray:
         """Encode one query into a unit vector of shape ``(dim,)``."""
+        model = self.model
+        if self._mean_pooled:
+            import torch
+
+            with torch.inference_mode():
+                features = model.preprocess([text])
+                inputs = {
+                    k: features[k].to(self.device)
+                    for k in ("input_ids", "attention_mask", "token_type_ids")
+                    if k in features
+                }
+                states = model[0].auto_model(**inputs).last_hidden_state[0]
+                mask = inputs["attention_mask"][0].unsqueeze(-1).to(states.dtype)
+                mean = (states * mask).sum(dim=0) / mask.sum().clamp(min=1)
+                vector = torch.nn.functional.normalize(mean, dim=0)
+            return np.ascontiguousarray(vector.float().cpu().numpy(), dtype=np.float32)
         out = self.model.encode_query(
             [text], convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
         )

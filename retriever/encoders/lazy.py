@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+EncodeDtype = Literal["auto", "float32", "bfloat16"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,3 +49,30 @@ class LazyModel:
         if self._model is None:
             self.warm_up()
         return self._model
+
+
+@cache
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bfloat16 natively (AVX-512 BF16 or AMX): elsewhere torch emulates
+    it, slower than float32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(setting: EncodeDtype) -> Literal["float32", "bfloat16"]:
+    """``auto``: bfloat16 where the CPU has it natively, else float32."""
+    if setting == "auto":
+        return "bfloat16" if cpu_has_bf16() else "float32"
+    return setting
+
+
+def autocast(dtype: str, device: str = "cpu") -> AbstractContextManager[Any]:
+    """Mixed precision for a document batch on the CPU (float32: nothing changes)."""
+    if dtype != "bfloat16" or not device.startswith("cpu"):
+        return nullcontext()
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16)

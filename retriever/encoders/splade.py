@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ragline.types import SparseVector
-from retriever.encoders.lazy import LazyModel
+from retriever.encoders.lazy import EncodeDtype, LazyModel, autocast, resolve_dtype
 from retriever.models import resolve_splade
 
 logger = logging.getLogger(__name__)
@@ -22,6 +22,16 @@ class SpladeEncoder(LazyModel):
     """Encodes documents to a CSR matrix and queries to :class:`SparseVector`.
 
     Light ``__init__``; :meth:`warm_up` loads the model.
+
+    For a BERT-style masked-LM model with max pooling (SPLADE's), encoding takes a shorter path
+    than sentence-transformers' own, with the same result: SPLADE's weight of a term is
+    ``max over tokens of log(1 + relu(logit))``, and since that activation never decreases, it
+    equals ``log(1 + relu(max over tokens of logit))``. So the vocabulary-wide logits are
+    computed per passage over its real tokens only and max-reduced at once, instead of masking,
+    activating and pooling a padded ``batch x tokens x 30k`` tensor (several passes over ~1 GB
+    at batch 32): 14 → 33 passages/s on 2 cores, bit-identical in float32
+    (``bench/encode.py``). ``dtype="bfloat16"`` runs documents in bfloat16 where the CPU has it
+    natively (another ~2x); queries always run in float32.
     """
 
     def __init__(
@@ -31,12 +41,16 @@ class SpladeEncoder(LazyModel):
         batch_size: int = 32,
         threads: int = 0,
         top_terms: int = 0,
+        dtype: EncodeDtype = "float32",
     ) -> None:
         super().__init__(model, threads)
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self.top_terms = top_terms
         """Keep only this many strongest terms per passage (0 = all): a smaller index."""
+        self.dtype = resolve_dtype(dtype)
+        """What documents are encoded in (queries: always float32)."""
+        self._parts: tuple[Any, Any, Any, int] | None = None
 
     def _load(self) -> Any:
         from sentence_transformers import SparseEncoder
@@ -45,6 +59,9 @@ class SpladeEncoder(LazyModel):
         logger.info("loading SPLADE model %s from %s", self.model_id, path)
         model = SparseEncoder(path, device="cpu")
         model.max_seq_length = min(self.max_seq_length, model.max_seq_length or 512)
+        self._parts = _max_pooled_parts(model)
+        if self._parts is None:
+            logger.info("SPLADE model %s: sentence-transformers' own encoding", self.model_id)
         return model
 
     @property
@@ -68,19 +85,56 @@ class SpladeEncoder(LazyModel):
         """Encode passages into a ``len(texts) x vocab`` CSR matrix (float32)."""
         if not texts:
             return sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
-        tensor = self.model.encode_document(
-            list(texts), batch_size=self.batch_size, convert_to_sparse_tensor=True
-        )
-        matrix = _to_csr(tensor, len(texts), self.vocab_size)
+        model = self.model
+        if self._parts is not None:
+            matrix = self._encode_max_pooled(texts, self.dtype)
+        else:
+            with autocast(self.dtype):
+                tensor = model.encode_document(
+                    list(texts), batch_size=self.batch_size, convert_to_sparse_tensor=True
+                )
+            matrix = _to_csr(tensor, len(texts), self.vocab_size)
         return prune_rows(matrix, self.top_terms) if self.top_terms > 0 else matrix
 
     def encode_query(self, text: str) -> SparseVector:
-        tensor = self.model.encode_query([text], convert_to_sparse_tensor=True)
-        row = _to_csr(tensor, 1, self.vocab_size)
+        model = self.model
+        if self._parts is not None:
+            row = self._encode_max_pooled([text], "float32")
+        else:
+            tensor = model.encode_query([text], convert_to_sparse_tensor=True)
+            row = _to_csr(tensor, 1, self.vocab_size)
         return SparseVector(
             indices=tuple(int(i) for i in row.indices),
             values=tuple(float(v) for v in row.data),
         )
+
+    def _encode_max_pooled(self, texts: Sequence[str], dtype: str) -> sp.csr_matrix:
+        """The shorter path (class docstring): the body per length-sorted batch, the
+        vocabulary logits per passage over its real tokens, max-reduced, then activated."""
+        import torch
+
+        assert self._parts is not None
+        body, transform, decoder, activations = self._parts
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        rows = np.zeros((len(texts), self.vocab_size), dtype=np.float32)
+        with torch.inference_mode(), autocast(dtype):
+            for start in range(0, len(order), self.batch_size):
+                batch = order[start : start + self.batch_size]
+                features = self.model.preprocess([texts[i] for i in batch])
+                inputs = {
+                    k: features[k]
+                    for k in ("input_ids", "attention_mask", "token_type_ids")
+                    if k in features
+                }
+                states = transform(body(**inputs).last_hidden_state)
+                real = features["attention_mask"].bool()
+                for j, i in enumerate(batch):
+                    peak = decoder(states[j][real[j]]).max(dim=0).values.float()
+                    weights = torch.relu(peak)
+                    for _ in range(activations):
+                        weights = torch.log1p(weights)
+                    rows[i] = weights.numpy()
+        return sp.csr_matrix(rows)
 
     def encode_query_idf(self, text: str, doc_freq: np.ndarray, n_docs: int) -> SparseVector:
         """Inference-free query encoding (as OpenSearch's doc-only sparse models): the query's
@@ -102,6 +156,30 @@ class SpladeEncoder(LazyModel):
         order = np.argsort(vector.values)[::-1][:top_k]
         tokens = self.model.tokenizer.convert_ids_to_tokens([vector.indices[i] for i in order])
         return [(t, vector.values[i]) for t, i in zip(tokens, order, strict=True)]
+
+
+def _max_pooled_parts(model: Any) -> tuple[Any, Any, Any, int] | None:
+    """(body, head transform, vocabulary projection, how many log1p follow the relu) of a
+    SPLADE model whose pooling may take the max before the activation: a BERT-style masked LM
+    followed only by max pooling with a relu-log activation. None: another shape, which is
+    encoded through sentence-transformers."""
+    modules = list(model)
+    if len(modules) != 2 or type(modules[1]).__name__ != "SpladePooling":
+        return None
+    pooling = modules[1]
+    mlm = getattr(modules[0], "auto_model", None)
+    predictions = getattr(getattr(mlm, "cls", None), "predictions", None)
+    activations = {"relu": 1, "log1p_relu": 2}.get(getattr(pooling, "activation_function", ""))
+    if (
+        mlm is None
+        or getattr(pooling, "pooling_strategy", None) != "max"
+        or activations is None
+        or predictions is None
+        or not hasattr(predictions, "transform")
+        or any(getattr(model, "prompts", {}).values())
+    ):
+        return None
+    return mlm.base_model, predictions.transform, mlm.get_output_embeddings(), activations
 
 
 def prune_rows(matrix: sp.csr_matrix, top_terms: int) -> sp.csr_matrix:

@@ -1,0 +1,218 @@
+"""Benchmark the encode path: passages/s per model and variant, query latency, and what each
+variant does to retrieval.
+
+    python bench/encode.py [--index-dir var/index] [--sample 256] [--threads 2]
+
+On a sample of the ingested index's chunks (the R manuals of `make run` by default), for each
+variant of the encoders:
+
+- ``sentence-transformers, float32``: the models through sentence-transformers' own
+  ``encode_document`` / ``encode_query`` (what ragline did before);
+- ``ragline, float32``: SPLADE's max-before-activation path and MiniLM's direct query path
+  (``retriever/encoders/``), the same vectors;
+- ``ragline, bfloat16``: documents in bfloat16 (only where the CPU has it natively).
+
+Per variant: SPLADE and MiniLM passages/s and both together (what ingest pays per chunk),
+query encode p50, the largest change to any SPLADE weight and the lowest MiniLM cosine against
+the sentence-transformers vectors, and Recall@10 (sparse and dense, each searched exactly) of
+the LLM-written training questions in ``data/credibility/`` whose passage is in the sample
+(they were written for passages of the R manuals; none is an eval question), over the sample
+plus every such passage.
+
+Prints a table and writes ``bench/out/encode.json``. Not a test: figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ragline.types import Chunk  # noqa: E402
+from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
+from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
+from retriever.indexer import encoding_text  # noqa: E402
+from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE  # noqa: E402
+from services.server import build_indexer  # noqa: E402
+from services.settings import Settings  # noqa: E402
+
+
+def load_chunks(index_dir: Path) -> list[Chunk]:
+    settings = Settings()
+    settings.retriever.index_dir = index_dir
+    settings.retriever.dense_model = ""  # the chunks only: nothing to embed
+    view = build_indexer(settings).store.load()
+    if not view.chunks:
+        raise SystemExit(f"{index_dir} is empty: run `make run` or `ragline ingest` first")
+    return list(view.chunks)
+
+
+def load_questions(pattern: str) -> list[tuple[str, str]]:
+    """(question, chunk id) of every LLM-written question with a known passage."""
+    out = []
+    for path in sorted(glob.glob(pattern)):
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh):
+                record = json.loads(line)
+                if n and record.get("question") and record.get("chunk_id"):
+                    out.append((record["question"], record["chunk_id"]))
+    return out
+
+
+def per_second(fn: Any, texts: list[str]) -> tuple[float, Any]:
+    fn(texts[:4])  # warm
+    started = time.perf_counter()
+    out = fn(texts)
+    return len(texts) / (time.perf_counter() - started), out
+
+
+def p50_ms(fn: Any, queries: list[str]) -> float:
+    for q in queries[:3]:
+        fn(q)
+    times = []
+    for q in queries:
+        started = time.perf_counter()
+        fn(q)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def recall_at_10(scores: np.ndarray, truth: list[int]) -> float:
+    top = np.argsort(-scores, axis=1)[:, :10]
+    return float(np.mean([t in row for t, row in zip(truth, top, strict=True)]))
+
+
+def run_variant(
+    name: str,
+    splade: SpladeEncoder,
+    dense: DenseEncoder,
+    texts: list[str],
+    questions: list[tuple[str, int]],
+    st: bool,
+) -> dict[str, Any]:
+    splade.warm_up()
+    dense.warm_up()
+    if st:  # sentence-transformers' own paths, as ragline called them before
+        splade._parts = None
+        dense._mean_pooled = False
+    sparse_rate, rows = per_second(splade.encode_documents, texts)
+    dense_rate, vectors = per_second(dense.encode_documents, texts)
+    queries = [q for q, _ in questions][:60]
+    row: dict[str, Any] = {
+        "variant": name,
+        "splade_per_s": round(sparse_rate, 1),
+        "minilm_per_s": round(dense_rate, 1),
+        "both_per_s": round(1 / (1 / sparse_rate + 1 / dense_rate), 1),
+        "splade_query_p50_ms": round(p50_ms(splade.encode_query, queries), 2),
+        "minilm_query_p50_ms": round(p50_ms(dense.encode_query, queries), 2),
+    }
+    truth = [i for _, i in questions]
+    q_sparse = np.zeros((len(questions), rows.shape[1]), dtype=np.float32)
+    for n, (q, _) in enumerate(questions):
+        v = splade.encode_query(q)
+        q_sparse[n, list(v.indices)] = v.values
+    q_dense = np.stack([dense.encode_query(q) for q, _ in questions])
+    row["sparse_recall_at_10"] = round(recall_at_10(np.asarray(rows @ q_sparse.T).T, truth), 4)
+    row["dense_recall_at_10"] = round(recall_at_10(q_dense @ vectors.T, truth), 4)
+    row["_rows"], row["_vectors"] = rows, vectors
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--index-dir", type=Path, default=ROOT / "var" / "index")
+    parser.add_argument("--sample", type=int, default=256, help="chunks to encode per variant")
+    parser.add_argument("--batch-size", type=int, default=16, help="passages per batch")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument(
+        "--questions", default=str(ROOT / "data" / "credibility" / "*.jsonl"), help="glob"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "encode.json")
+    args = parser.parse_args()
+
+    chunks = load_chunks(args.index_dir)
+    by_id = {c.chunk_id: c for c in chunks}
+    asked = [(q, cid) for q, cid in load_questions(args.questions) if cid in by_id]
+    rng = np.random.default_rng(0)
+    picked = {chunks[i].chunk_id for i in rng.choice(len(chunks), args.sample, replace=False)}
+    picked |= {cid for _, cid in asked}
+    ids = sorted(picked)
+    position = {cid: n for n, cid in enumerate(ids)}
+    texts = [encoding_text(by_id[cid]) for cid in ids]
+    questions = [(q, position[cid]) for q, cid in asked]
+
+    variants: list[tuple[str, EncodeDtype, bool]] = [
+        ("sentence-transformers, float32", "float32", True),
+        ("ragline, float32", "float32", False),
+    ]
+    if cpu_has_bf16():
+        variants.append(("ragline, bfloat16", "bfloat16", False))
+    rows = []
+    for name, dtype, st in variants:
+        splade = SpladeEncoder(
+            PACKAGED_SPLADE, batch_size=args.batch_size, threads=args.threads, dtype=dtype
+        )
+        dense = DenseEncoder(
+            PACKAGED_MINILM, batch_size=args.batch_size, threads=args.threads, dtype=dtype
+        )
+        rows.append(run_variant(name, splade, dense, texts, questions, st))
+        print(f"{name}: done", file=sys.stderr, flush=True)
+    base_rows, base_vectors = rows[0]["_rows"], rows[0]["_vectors"]
+    for row in rows:
+        row["splade_max_weight_change"] = round(float(abs(row["_rows"] - base_rows).max()), 4)
+        cos = np.sum(row["_vectors"] * base_vectors, axis=1)
+        row["minilm_min_cosine"] = round(float(cos.min()), 5)
+        del row["_rows"], row["_vectors"]
+
+    columns = [
+        ("variant", "variant"),
+        ("splade_per_s", "SPLADE /s"),
+        ("minilm_per_s", "MiniLM /s"),
+        ("both_per_s", "both /s"),
+        ("splade_query_p50_ms", "SPLADE query ms"),
+        ("minilm_query_p50_ms", "MiniLM query ms"),
+        ("splade_max_weight_change", "max Δ weight"),
+        ("minilm_min_cosine", "min cosine"),
+        ("sparse_recall_at_10", "sparse R@10"),
+        ("dense_recall_at_10", "dense R@10"),
+    ]
+    print(f"\n{len(texts)} passages, {len(questions)} questions, {args.threads} threads")
+    print("| " + " | ".join(h for _, h in columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row[k]) for k, _ in columns) + " |")
+    report = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "bf16_native": cpu_has_bf16(),
+        },
+        "index_dir": str(args.index_dir),
+        "passages": len(texts),
+        "questions": len(questions),
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "variants": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""ragline's encode paths against sentence-transformers' own, with the real packaged models:
+the same vectors in float32, close ones in bfloat16."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from retriever.encoders.lazy import cpu_has_bf16, resolve_dtype
+from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE
+
+pytestmark = pytest.mark.integration
+
+PASSAGES = [
+    "The gearbox controller accepts at most twelve shift requests per second; beyond that it "
+    "queues them and raises the overload flag on the service bus.",
+    "Short.",
+    "Calibration > Torque sensors\nZero the torque sensor with the wrench unloaded, then apply "
+    "the reference load of 40 newton metres and record the reading. " * 30,  # past 512 tokens
+    "| pump | flow (l/min) |\n| A-12 | 40 |\n| B-7 | 65 |",
+]
+QUERIES = ["How many shift requests per second?", "reference load for the torque sensor", "x"]
+
+
+def test_splade_max_before_activation_gives_sentence_transformers_weights(
+    encoder: SpladeEncoder,
+) -> None:
+    assert encoder._parts is not None  # the packaged SPLADE takes the shorter path
+    ours = encoder.encode_documents(PASSAGES)
+    theirs = encoder.model.encode_document(PASSAGES, convert_to_sparse_tensor=True)
+    reference = theirs.to_dense().numpy()
+    assert ours.shape == reference.shape == (len(PASSAGES), encoder.vocab_size)
+    assert np.abs(ours.toarray() - reference).max() < 1e-4
+    assert (ours.toarray() > 0).sum() == (reference > 0).sum()
+    for query in QUERIES:
+        mine = encoder.encode_query(query)
+        want = encoder.model.encode_query([query], convert_to_sparse_tensor=True)
+        dense_want = want.to_dense().numpy()[0]
+        assert list(mine.indices) == list(np.flatnonzero(dense_want))
+        assert np.allclose(mine.values, dense_want[list(mine.indices)], atol=1e-4)
+
+
+def test_the_dense_query_path_gives_sentence_transformers_vectors(
+    dense_encoder: DenseEncoder,
+) -> None:
+    assert dense_encoder._mean_pooled
+    for query in [*QUERIES, PASSAGES[2]]:
+        mine = dense_encoder.encode_query(query)
+        want = dense_encoder.model.encode_query([query], normalize_embeddings=True)[0]
+        assert mine.dtype == np.float32 and mine.shape == (384,)
+        assert float(mine @ want) > 0.99999
+
+
+@pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no native bfloat16")
+def test_bfloat16_documents_stay_close_to_float32(
+    encoder: SpladeEncoder, dense_encoder: DenseEncoder
+) -> None:
+    assert resolve_dtype("auto") == "bfloat16"
+    sparse16 = SpladeEncoder(PACKAGED_SPLADE, batch_size=4, dtype="bfloat16")
+    sparse16._model, sparse16._parts = encoder.model, encoder._parts  # same weights, loaded
+    full = encoder.encode_documents(PASSAGES).toarray()
+    half = sparse16.encode_documents(PASSAGES).toarray()
+    assert np.abs(full - half).max() < 0.25
+    for a, b in zip(full, half, strict=True):  # the strongest terms stay the strongest
+        assert len(set(np.argsort(-a)[:10]) & set(np.argsort(-b)[:10])) >= 8
+    dense16 = DenseEncoder(PACKAGED_MINILM, dtype="bfloat16")
+    dense16._model, dense16._mean_pooled = dense_encoder.model, dense_encoder._mean_pooled
+    cos = np.sum(
+        dense16.encode_documents(PASSAGES) * dense_encoder.encode_documents(PASSAGES), axis=1
+    )
+    assert cos.min() > 0.99
+
+
+def test_float32_is_what_a_cpu_without_bfloat16_gets() -> None:
+    assert resolve_dtype("float32") == "float32"
+    assert resolve_dtype("bfloat16") == "bfloat16"
+    assert resolve_dtype("auto") == ("bfloat16" if cpu_has_bf16() else "float32")
