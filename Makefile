@@ -7,7 +7,7 @@ CORPUS ?= data/corpus
 PORT ?= 50051
 QUESTIONS ?= data/credibility/*.jsonl
 
-.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-credibility bench-encode bench-ingest bench-generate bench-security clean
+.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-ingest bench-generate bench-security clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~5 min), serve on :$(PORT)
@@ -64,6 +64,11 @@ integration: setup redis
 
 bench: setup redis
 	$(BIN)/python bench/slice.py
+
+## bench-backends: local vs Qdrant (local mode) on the same encoded chunks of var/index:
+##      search latency per mode, R@10 on the dev questions, build time, memory
+bench-backends: setup
+	$(BIN)/python bench/backends.py
 
 ## bench-credibility: classifier latency on 20 passages and accuracy, fp32/int8, by max length
 bench-credibility: setup

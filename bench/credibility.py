@@ -36,7 +36,7 @@ from credibility.lexical import chunk_context  # noqa: E402
 from credibility.model import PairClassifier  # noqa: E402
 from credibility.pairs import read_pairs  # noqa: E402
 from credibility.train import _auc  # noqa: E402
-from services.server import build_indexer  # noqa: E402
+from services.server import build_local_indexer  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 
@@ -72,8 +72,9 @@ def main() -> int:
     settings = Settings()
     settings.retriever.index_dir = Path(args.index_dir)
     settings.retriever.dense_model = ""
-    index = build_indexer(settings)
-    view = index.load()
+    index = build_local_indexer(settings)
+    index.load()
+    view = index.store.view
     index.sparse.warm_up()
     lines = Path(args.questions).read_text().splitlines()
     questions = [json.loads(line)["question"] for line in lines if line.strip()][: args.limit]

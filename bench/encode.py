@@ -45,7 +45,7 @@ from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
 from retriever.indexer import encoding_text  # noqa: E402
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE  # noqa: E402
-from services.server import build_indexer  # noqa: E402
+from services.server import build_local_indexer  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def load_chunks(index_dir: Path) -> list[Chunk]:
     settings = Settings()
     settings.retriever.index_dir = index_dir
     settings.retriever.dense_model = ""  # the chunks only: nothing to embed
-    view = build_indexer(settings).store.load()
+    view = build_local_indexer(settings).store.load()
     if not view.chunks:
         raise SystemExit(f"{index_dir} is empty: run `make run` or `ragline ingest` first")
     return list(view.chunks)

@@ -37,7 +37,7 @@ from retriever.encoders import prune_rows  # noqa: E402
 from retriever.indexer import Indexer  # noqa: E402
 from retriever.search import Retriever, SearchOptions  # noqa: E402
 from retriever.sparse_index import ExactSparseIndex  # noqa: E402
-from services.server import build_gateway, build_indexer, start_server  # noqa: E402
+from services.server import build_gateway, build_local_indexer, start_server  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 MODES = ("sparse", "dense", "hybrid")
@@ -225,13 +225,14 @@ async def main() -> int:
     memory: dict[str, Any] = {}
     for backend in ("exact", "seismic"):
         settings.retriever.sparse_backend = backend
-        index = build_indexer(settings)
+        index = build_local_indexer(settings)
         store = index.store
         index.sparse.warm_up()
         if index.dense is not None:
             index.dense.warm_up()
         started = time.perf_counter()
-        view = index.load()
+        index.load()
+        view = index.store.view
         load_s = time.perf_counter() - started
         rows = await bench_modes(index, questions, args.k)
         for row in rows:
@@ -241,7 +242,7 @@ async def main() -> int:
         else:
             report["sparse_variants"] = bench_sparse_variants(index, questions, args.k)
         real += rows
-        memory[backend] = {"chunks": len(view.chunks), **store.memory()}
+        memory[backend] = {"chunks": len(view.chunks), **store.stats()}
     report["real"] = real
     report["memory_bytes_per_chunk"] = memory
     print_table(f"Real index ({memory['exact']['chunks']} chunks, {len(questions)} queries)", real)

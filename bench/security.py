@@ -31,7 +31,7 @@ from bench.retrieval import percentile, print_table  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.auth import new_token  # noqa: E402
 from services.client import open_channel  # noqa: E402
-from services.server import RunningServer, build_gateway, build_indexer, start_server  # noqa: E402
+from services.server import RunningServer, build_gateway, build_local_indexer, start_server  # noqa: E402
 from services.settings import ServerSettings, Settings  # noqa: E402
 from tests.certs import make_certs  # noqa: E402
 
@@ -68,13 +68,13 @@ async def _round(stub: Any, question: str, k: int) -> tuple[float, float]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     base = Settings()
     base.retriever.index_dir = args.index_dir
-    index = build_indexer(base)
+    index = build_local_indexer(base)
     index.sparse.warm_up()
     if index.dense is not None:
         index.dense.warm_up()
     index.load()
     store = index.store
-    collection = sorted(set(store.view.collections.tolist()))[0]
+    collection = sorted(store.view.collection_counts())[0]
     entries: list[dict[str, Any]] = []
     tokens: dict[str, str] = {}
     for i in range(args.tokens):  # a realistic registry: every request checks all entries

@@ -1,29 +1,33 @@
 """Fusing ranked lists from several retrievers: reciprocal-rank and weighted-score fusion.
 
-Both take ``{name: [(row, score), ...]}`` (each list best first) and return one fused list
-``[(row, fused_score, {name: score})]``, best first, where the dict holds each retriever's own
-score for that row (absent when the row was not in that retriever's list).
+Both take ``{name: [(key, score), ...]}`` (each list best first; a key names a chunk, a chunk
+id or a row) and return one fused list ``[(key, fused_score, {name: score})]``, best first,
+where the dict holds each retriever's own score for that key (absent when it was not in that
+retriever's list). Ties break by key, so results are deterministic.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 FusionMode = Literal["rrf", "weighted"]
-Ranked = Sequence[tuple[int, float]]
-Fused = list[tuple[int, float, dict[str, float]]]
+K = TypeVar("K", int, str)
+Ranked = Sequence[tuple[K, float]]
+Fused = list[tuple[K, float, dict[str, float]]]
 
 RRF_K = 60
 """The constant of Cormack et al. (2009): ranks beyond ~60 contribute little."""
 
 
 def reciprocal_rank(
-    lists: Mapping[str, Ranked], weights: Mapping[str, float] | None = None, rrf_k: int = RRF_K
-) -> Fused:
+    lists: Mapping[str, Ranked[K]],
+    weights: Mapping[str, float] | None = None,
+    rrf_k: int = RRF_K,
+) -> Fused[K]:
     """``score(d) = sum_i w_i / (rrf_k + rank_i(d))``: rank-based, immune to score scales."""
-    fused: dict[int, float] = {}
-    parts: dict[int, dict[str, float]] = {}
+    fused: dict[K, float] = {}
+    parts: dict[K, dict[str, float]] = {}
     for name, ranked in lists.items():
         w = 1.0 if weights is None else weights.get(name, 1.0)
         for rank, (row, score) in enumerate(ranked, start=1):
@@ -33,12 +37,12 @@ def reciprocal_rank(
 
 
 def weighted_score(
-    lists: Mapping[str, Ranked], weights: Mapping[str, float] | None = None
-) -> Fused:
+    lists: Mapping[str, Ranked[K]], weights: Mapping[str, float] | None = None
+) -> Fused[K]:
     """Min-max normalise each list's scores to [0, 1], then sum with weights. A row missing
     from a list gets 0 from it (it scored below that list's cut-off)."""
-    fused: dict[int, float] = {}
-    parts: dict[int, dict[str, float]] = {}
+    fused: dict[K, float] = {}
+    parts: dict[K, dict[str, float]] = {}
     for name, ranked in lists.items():
         if not ranked:
             continue
@@ -54,11 +58,11 @@ def weighted_score(
 
 
 def fuse(
-    lists: Mapping[str, Ranked],
+    lists: Mapping[str, Ranked[K]],
     mode: FusionMode = "rrf",
     weights: Mapping[str, float] | None = None,
     k: int | None = None,
-) -> Fused:
+) -> Fused[K]:
     """Fuse with ``mode`` and keep the top ``k`` (all when None)."""
     if mode == "rrf":
         fused = reciprocal_rank(lists, weights)
@@ -69,7 +73,7 @@ def fuse(
     return fused if k is None else fused[:k]
 
 
-def _sorted(fused: dict[int, float], parts: dict[int, dict[str, float]]) -> Fused:
-    # Ties break by row so results are deterministic (and so cacheable).
-    order = sorted(fused, key=lambda row: (-fused[row], row))
-    return [(row, fused[row], parts[row]) for row in order]
+def _sorted(fused: dict[K, float], parts: dict[K, dict[str, float]]) -> Fused[K]:
+    # Ties break by key so results are deterministic (and so cacheable).
+    order = sorted(fused, key=lambda key: (-fused[key], key))
+    return [(key, fused[key], parts[key]) for key in order]

@@ -238,6 +238,21 @@ class HnswIndex:
             self._live = self._live & ~hit
             return int(np.count_nonzero(hit))
 
+    def vectors_of(self, ids: np.ndarray) -> np.ndarray:
+        """The stored (unit) vectors of these live ids, in order.
+
+        Raises:
+            KeyError: an id that is not live in the index.
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        with self._rw.read():
+            live = np.flatnonzero(self._live)
+            where = dict(zip(self._ids[live].tolist(), live.tolist(), strict=True))
+            missing = [i for i in ids.tolist() if i not in where]
+            if missing:
+                raise KeyError(f"ids not in the index: {missing[:5]}")
+            return np.array(self._vectors()[[where[i] for i in ids.tolist()]], dtype=np.float32)
+
     def compact(self) -> int:
         """Rebuild the graph from the live rows, dropping tombstones. Returns how many went.
 

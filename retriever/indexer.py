@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -12,10 +13,13 @@ import scipy.sparse as sp
 from ragline.errors import FailedPrecondition
 from ragline.markdown import read_table
 from ragline.types import Chunk
+from retriever.backend import IndexBackend, IndexSchema, SearchView
 from retriever.encoders import DenseEncoder, SpladeEncoder
-from retriever.store import IndexSchema, IndexStore, IndexView, check_utf8
+from retriever.store import check_utf8
 
 logger = logging.getLogger(__name__)
+
+B = TypeVar("B", bound=IndexBackend, covariant=True)
 
 ENCODE_SLICE = 256
 """Chunks encoded at a time in :meth:`Indexer.put` (progress is reported per slice)."""
@@ -33,22 +37,22 @@ def schema_of(sparse: SpladeEncoder, dense: DenseEncoder | None = None) -> Index
     )
 
 
-class Indexer:
-    """Encodes documents and writes them to ``store``. Implements ``ingest.DocumentSink``."""
+class Indexer(Generic[B]):
+    """Encodes documents and writes them to an index backend (``store``: the local
+    :class:`retriever.store.IndexStore` or :class:`retriever.qdrant_backend.QdrantBackend`).
+    Implements ``ingest.DocumentSink``."""
 
-    def __init__(
-        self, store: IndexStore, sparse: SpladeEncoder, dense: DenseEncoder | None = None
-    ) -> None:
+    def __init__(self, store: B, sparse: SpladeEncoder, dense: DenseEncoder | None = None) -> None:
         if store.schema != schema_of(sparse, dense):
             raise FailedPrecondition(
-                f"the store's schema {store.schema} is not what these encoders write"
+                f"the index's schema {store.schema} is not what these encoders write"
             )
         self.store = store
         self.sparse = sparse
         self.dense = dense
 
     @property
-    def view(self) -> IndexView:
+    def view(self) -> SearchView:
         """The store's current view (what the last write made)."""
         return self.store.view
 
@@ -106,7 +110,7 @@ class Indexer:
     def delete(self, doc_id: str) -> int:
         return self.store.delete(doc_id)
 
-    def load(self) -> IndexView:
+    def load(self) -> SearchView:
         """Load the store's current snapshot, embedding its documents first when it has no
         vectors from the configured dense model (persisted, so the next start does not)."""
         self.store.load()

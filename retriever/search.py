@@ -1,5 +1,6 @@
-"""The retrieval core: cache lookup (singleflight), SPLADE and dense encoding, sparse / dense /
-hybrid search with filters applied inside the search, fusion, and explanations."""
+"""The retrieval core: cache lookup (singleflight), SPLADE and dense query encoding, sparse /
+dense / hybrid search through an index backend (filters applied inside its search), fusion, and
+explanations."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, named
-from ragline.types import Hit, SparseVector
+from ragline.errors import FailedPrecondition, InvalidArgument
+from ragline.types import Chunk, Hit, SparseVector
+from retriever.backend import Filters, IndexBackend, SearchView
 from retriever.cache import QueryCache
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.fusion import FusionMode, fuse
-from retriever.store import IndexStore, IndexView
 
 SearchMode = Literal["sparse", "dense", "hybrid"]
 MODES: tuple[SearchMode, ...] = ("sparse", "dense", "hybrid")
@@ -51,6 +52,9 @@ class SearchOptions:
             raise InvalidArgument.for_field("options.filter.kinds", f"unknown kind(s) {bad}")
         return self
 
+    def filters(self) -> Filters:
+        return Filters(tuple(self.doc_ids), tuple(self.kinds), tuple(self.collections))
+
     def cache_part(self) -> dict[str, Any]:
         """What the ranking depends on (``explain`` does not change it)."""
         part: dict[str, Any] = {"mode": self.mode}
@@ -79,9 +83,9 @@ EXPLAIN_TERMS = 8
 
 
 class Retriever:
-    """``search(query, k, options)`` over the store's current view, the Redis cache in front.
+    """``search(query, k, options)`` over the backend's current view, the Redis cache in front.
     It encodes queries with ``sparse`` (and ``dense`` for the dense and hybrid modes): the
-    encoders that wrote the store's rows.
+    encoders that wrote the backend's rows.
 
     Concurrent requests for the same cache key are served once (singleflight): the first
     caller does the Redis lookup and, on a miss, the search; the others await its result.
@@ -89,17 +93,17 @@ class Retriever:
 
     def __init__(
         self,
-        store: IndexStore,
+        backend: IndexBackend,
         sparse: SpladeEncoder,
         dense: DenseEncoder | None = None,
         cache: QueryCache | None = None,
         query_encoder: Literal["model", "idf"] = "model",
     ) -> None:
-        if sparse.model_id != store.schema.sparse_model_id or (
-            (dense.model_id if dense is not None else None) != store.schema.dense_model_id
+        if sparse.model_id != backend.schema.sparse_model_id or (
+            (dense.model_id if dense is not None else None) != backend.schema.dense_model_id
         ):
-            raise FailedPrecondition("the query encoders are not the store's")
-        self.store = store
+            raise FailedPrecondition("the query encoders are not the index's")
+        self.backend = backend
         self.sparse = sparse
         self.dense = dense
         self.cache = cache
@@ -111,9 +115,15 @@ class Retriever:
         sparse = self.sparse.model_id + ("+idf-query" if self.query_encoder == "idf" else "")
         return sparse + ("|" + self.dense.model_id if self.dense else "")
 
-    def encode_sparse(self, view: IndexView, query: str) -> SparseVector:
+    def encode_sparse(self, view: SearchView, query: str) -> SparseVector:
         if self.query_encoder == "idf":
-            return self.sparse.encode_query_idf(query, view.doc_freq, len(view.chunks))
+            doc_freq = view.doc_freq()
+            if doc_freq is None:
+                raise FailedPrecondition(
+                    f"inference-free (idf) queries need document frequencies, which the "
+                    f"{self.backend.name} index backend does not keep"
+                )
+            return self.sparse.encode_query_idf(query, doc_freq, view.count())
         return self.sparse.encode_query(query)
 
     async def search(
@@ -124,13 +134,14 @@ class Retriever:
         bypass_cache: bool = False,
     ) -> RetrievalResult:
         options = (options or SearchOptions()).validate()
-        view = self.store.view  # one consistent view for the whole request
-        if options.mode != "sparse" and view.dense is None:
+        view = self.backend.view  # one view (generation) for the whole request
+        if options.mode != "sparse" and not view.has_dense:
             raise FailedPrecondition(
                 f"search mode {options.mode!r} needs dense retrieval, which is off "
                 "(set RAGLINE_RETRIEVER_DENSE_MODEL)"
             )
-        allowed = _allowed_rows(view, options)
+        allowed = options.filters()
+        view.check(allowed)
         use_cache = self.cache is not None and not bypass_cache
         if not use_cache:
             return await self._compute(view, query, k, options, allowed, {})
@@ -170,12 +181,12 @@ class Retriever:
 
     async def _lookup_or_compute(
         self,
-        view: IndexView,
+        view: SearchView,
         key: str,
         query: str,
         k: int,
         options: SearchOptions,
-        allowed: np.ndarray | None,
+        allowed: Filters,
     ) -> RetrievalResult:
         assert self.cache is not None
         timings: dict[str, float] = {}
@@ -196,31 +207,32 @@ class Retriever:
 
     async def _compute(
         self,
-        view: IndexView,
+        view: SearchView,
         query: str,
         k: int,
         options: SearchOptions,
-        allowed: np.ndarray | None,
+        allowed: Filters,
         timings: dict[str, float],
     ) -> RetrievalResult:
         depth = max(k, HYBRID_DEPTH) if options.mode == "hybrid" else k
-        lists: dict[str, list[tuple[int, float]]] = {}
+        lists: dict[str, list[tuple[str, float]]] = {}
+        found: dict[str, Chunk] = {}
         vector: SparseVector | None = None
         if options.mode in ("sparse", "hybrid"):
             started = time.perf_counter()
             vector = await asyncio.to_thread(self.encode_sparse, view, query)
             timings["encode_ms"] = _ms(started)
             started = time.perf_counter()
-            lists["sparse"] = view.sparse_search(vector, depth, allowed)
+            lists["sparse"] = _keyed(view.search_sparse(vector, depth, allowed), found)
             timings["search_ms"] = _ms(started)
         if options.mode in ("dense", "hybrid"):
             dense_encoder = self.dense
-            assert dense_encoder is not None and view.dense is not None
+            assert dense_encoder is not None
             started = time.perf_counter()
             qvec = await asyncio.to_thread(dense_encoder.encode_query, query)
             timings["dense_encode_ms"] = _ms(started)
             started = time.perf_counter()
-            lists["dense"] = view.dense.search(qvec, depth, allowed)
+            lists["dense"] = _keyed(view.search_dense(qvec, depth, allowed), found)
             timings["dense_search_ms"] = _ms(started)
         if options.mode == "hybrid":
             started = time.perf_counter()
@@ -228,14 +240,14 @@ class Retriever:
             fused = fuse(lists, options.fusion, weights, k)
             timings["fusion_ms"] = _ms(started)
             hits = [
-                Hit(chunk=view.chunks[row], score=score, stage_scores=dict(parts))
-                for row, score, parts in fused
+                Hit(chunk=found[key], score=score, stage_scores=dict(parts))
+                for key, score, parts in fused
             ]
         else:
             name = options.mode
             hits = [
-                Hit(chunk=view.chunks[row], score=score, stage_scores={name: score})
-                for row, score in lists[name][:k]
+                Hit(chunk=found[key], score=score, stage_scores={name: score})
+                for key, score in lists[name][:k]
             ]
         if any("sparse" not in h.stage_scores for h in hits):
             # Every hit carries its SPLADE score, also when only dense found it: evidence
@@ -244,17 +256,16 @@ class Retriever:
                 started = time.perf_counter()
                 vector = await asyncio.to_thread(self.encode_sparse, view, query)
                 timings["encode_ms"] = _ms(started)
-            exact = view.sparse.scores(vector)
-            for hit in hits:
-                if "sparse" not in hit.stage_scores:
-                    row = view.rows_by_id[hit.chunk.chunk_id]
-                    hit.stage_scores["sparse"] = float(exact[row])
+            missing = [h for h in hits if "sparse" not in h.stage_scores]
+            scores = view.sparse_scores(vector, [h.chunk.chunk_id for h in missing])
+            for hit, score in zip(missing, scores, strict=True):
+                hit.stage_scores["sparse"] = float(score)
         if options.explain:
             hits = await self._explain(view, query, hits, vector)
         return RetrievalResult(hits, False, view.generation, timings)
 
     async def _explain(
-        self, view: IndexView, query: str, hits: list[Hit], vector: SparseVector | None = None
+        self, view: SearchView, query: str, hits: list[Hit], vector: SparseVector | None = None
     ) -> list[Hit]:
         """Attach each hit's top matching SPLADE terms and their score contributions."""
         encoder = self.sparse
@@ -262,8 +273,7 @@ class Retriever:
             vector = await asyncio.to_thread(self.encode_sparse, view, query)
         explained = []
         for hit in hits:
-            row = view.rows_by_id[hit.chunk.chunk_id]
-            contributions = view.sparse.explain(vector, row, EXPLAIN_TERMS)
+            contributions = view.explain(vector, hit.chunk.chunk_id, EXPLAIN_TERMS)
             tokens = encoder.tokens([term for term, _ in contributions])
             terms = tuple((t, w) for t, (_, w) in zip(tokens, contributions, strict=True))
             explained.append(
@@ -272,37 +282,23 @@ class Retriever:
         return explained
 
 
-def _allowed_rows(view: IndexView, options: SearchOptions) -> np.ndarray | None:
-    """A boolean mask over rows for the request's filters, or None when there are none."""
-    if not options.doc_ids and not options.kinds and not options.collections:
-        return None
-    mask = np.ones(len(view.chunks), dtype=bool)
-    if options.doc_ids:
-        unknown = [d for d in options.doc_ids if d not in view.doc_hashes]
-        if unknown:
-            raise NotFound(f"no document with id(s) {named(unknown)}")
-        mask &= np.isin(view.doc_codes, [view.doc_code[d] for d in set(options.doc_ids)])
-    if options.kinds:
-        mask &= np.isin(view.kinds, list(set(options.kinds)))
-    if options.collections:
-        known = set(view.collections.tolist())
-        unknown = sorted(set(options.collections) - known)
-        if unknown:
-            raise NotFound(f"no collection named {named(unknown)}")
-        mask &= np.isin(view.collections, list(set(options.collections)))
-    return mask
+def _keyed(found: list[tuple[Chunk, float]], chunks: dict[str, Chunk]) -> list[tuple[str, float]]:
+    """A backend's ``(chunk, score)`` list as ``(chunk id, score)``, noting the chunks."""
+    for chunk, _ in found:
+        chunks[chunk.chunk_id] = chunk
+    return [(chunk.chunk_id, score) for chunk, score in found]
 
 
 def _hits_from_ids(
-    view: IndexView, ranked: list[tuple[str, float, dict[str, float]]]
+    view: SearchView, ranked: list[tuple[str, float, dict[str, float]]]
 ) -> list[Hit] | None:
-    hits = []
-    for chunk_id, score, stages in ranked:
-        row = view.rows_by_id.get(chunk_id)
-        if row is None:  # cannot happen while keys carry the generation; be safe anyway
-            return None
-        hits.append(Hit(chunk=view.chunks[row], score=score, stage_scores=stages))
-    return hits
+    chunks = view.get_chunks([chunk_id for chunk_id, _, _ in ranked])
+    if chunks is None:  # cannot happen while keys carry the generation; be safe anyway
+        return None
+    return [
+        Hit(chunk=chunk, score=score, stage_scores=stages)
+        for chunk, (_, score, stages) in zip(chunks, ranked, strict=True)
+    ]
 
 
 def _ms(started: float) -> float:

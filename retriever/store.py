@@ -41,8 +41,9 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
-from ragline.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound
+from ragline.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, named
 from ragline.types import Chunk, SparseVector
+from retriever.backend import Filters, IndexSchema
 from retriever.hnsw import HnswIndex
 from retriever.seismic_index import SeismicParams, SeismicSparseIndex
 from retriever.sparse_index import ExactSparseIndex, SparseIndex
@@ -53,16 +54,7 @@ FORMAT_VERSION = 1
 KEEP_SNAPSHOTS = 2
 SparseBackend = Literal["exact", "seismic"]
 
-
-@dataclass(frozen=True, slots=True)
-class IndexSchema:
-    """What the encoded rows are: the models that made them and the sparse vocabulary's size.
-    A snapshot made by other models is refused (sparse) or loaded without its vectors (dense)."""
-
-    sparse_model_id: str
-    vocab_size: int
-    dense_model_id: str | None = None
-    """None: dense retrieval is off, and no vectors are kept."""
+__all__ = ["DenseConfig", "IndexSchema", "IndexStore", "IndexView", "check_encoded", "check_utf8"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +122,6 @@ class IndexView:
     kinds: np.ndarray
     collections: np.ndarray
 
-    @property
     def doc_freq(self) -> np.ndarray:
         """Passages per vocabulary term (for inference-free IDF query weights)."""
         return np.diff(self.sparse.matrix.indptr)
@@ -140,6 +131,79 @@ class IndexView:
     ) -> list[tuple[int, float]]:
         index: SparseIndex = self.approx if self.approx is not None else self.sparse
         return index.search(query, k, allowed)
+
+    # -- SearchView (retriever.backend): chunks in, chunks out -----------------------------
+    @property
+    def has_dense(self) -> bool:
+        return self.dense is not None
+
+    def count(self) -> int:
+        return len(self.chunks)
+
+    def collection_counts(self) -> dict[str, tuple[int, int]]:
+        docs: dict[str, set[str]] = {}
+        chunks: dict[str, int] = {}
+        for chunk in self.chunks:
+            docs.setdefault(chunk.collection, set()).add(chunk.doc_id)
+            chunks[chunk.collection] = chunks.get(chunk.collection, 0) + 1
+        return {c: (len(docs[c]), chunks[c]) for c in chunks}
+
+    def check(self, filters: Filters) -> None:
+        unknown = [d for d in filters.doc_ids if d not in self.doc_hashes]
+        if unknown:
+            raise NotFound(f"no document with id(s) {named(unknown)}")
+        if filters.collections:
+            known = set(self.collections.tolist())
+            missing = sorted(set(filters.collections) - known)
+            if missing:
+                raise NotFound(f"no collection named {named(missing)}")
+
+    def mask(self, filters: Filters) -> np.ndarray | None:
+        """A boolean mask over rows for ``filters`` (checked first), or None when empty."""
+        if filters.empty:
+            return None
+        self.check(filters)
+        mask = np.ones(len(self.chunks), dtype=bool)
+        if filters.doc_ids:
+            codes = [self.doc_code[d] for d in set(filters.doc_ids)]
+            mask &= np.isin(self.doc_codes, codes)
+        if filters.kinds:
+            mask &= np.isin(self.kinds, list(set(filters.kinds)))
+        if filters.collections:
+            mask &= np.isin(self.collections, list(set(filters.collections)))
+        return mask
+
+    def search_sparse(
+        self, query: SparseVector, k: int, filters: Filters
+    ) -> list[tuple[Chunk, float]]:
+        found = self.sparse_search(query, k, self.mask(filters))
+        return [(self.chunks[row], score) for row, score in found]
+
+    def search_dense(
+        self, query: np.ndarray, k: int, filters: Filters
+    ) -> list[tuple[Chunk, float]]:
+        if self.dense is None:
+            return []
+        found = self.dense.search(query, k, self.mask(filters))
+        return [(self.chunks[row], score) for row, score in found]
+
+    def sparse_scores(self, query: SparseVector, chunk_ids: Sequence[str]) -> list[float]:
+        if not chunk_ids:
+            return []
+        exact = self.sparse.scores(query)
+        return [
+            float(exact[self.rows_by_id[c]]) if c in self.rows_by_id else 0.0 for c in chunk_ids
+        ]
+
+    def explain(self, query: SparseVector, chunk_id: str, top_n: int) -> list[tuple[int, float]]:
+        row = self.rows_by_id.get(chunk_id)
+        return [] if row is None else self.sparse.explain(query, row, top_n)
+
+    def get_chunks(self, chunk_ids: Sequence[str]) -> list[Chunk] | None:
+        rows = [self.rows_by_id.get(c) for c in chunk_ids]
+        if any(row is None for row in rows):
+            return None
+        return [self.chunks[row] for row in rows if row is not None]
 
     def doc_chunk_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -160,7 +224,10 @@ class _Doc:
 class IndexStore:
     """Documents → chunks → encoded rows (SPLADE, and dense vectors when ``schema`` names a
     dense model), persisted as atomic snapshots. Thread-safe: one writer at a time, readers use
-    :attr:`view`. Runs no model: writers hand it encoded rows (:meth:`put_encoded`)."""
+    :attr:`view`. Runs no model: writers hand it encoded rows (:meth:`put_encoded`). The
+    ``local`` implementation of ``retriever.backend.IndexBackend``."""
+
+    name = "local"
 
     def __init__(
         self,
@@ -303,6 +370,21 @@ class IndexStore:
         """doc id → (content hash, chunks) of the loaded index."""
         return {d: (doc.content_hash, tuple(doc.chunks)) for d, doc in self._docs.items()}
 
+    def encoded(self, doc_id: str) -> tuple[sp.csr_matrix, np.ndarray | None]:
+        """A document's stored SPLADE rows and dense vectors (None: dense off or missing), as
+        :meth:`put_encoded` takes them: to copy an index into another backend unencoded.
+
+        Raises:
+            NotFound: no such document.
+        """
+        doc = self._docs.get(doc_id)
+        if doc is None:
+            raise NotFound(f"no document with id {doc_id!r}")
+        vectors = None
+        if doc.slots is not None and self._hnsw is not None:
+            vectors = self._hnsw.vectors_of(doc.slots)
+        return doc.rows.copy(), vectors
+
     def set_dense(self, expected: dict[str, str], vectors: dict[str, np.ndarray]) -> None:
         """Give every document its dense vectors (one row per chunk) and commit, replacing the
         graph: how an index without them (:attr:`dense_missing`) gets them.
@@ -379,17 +461,7 @@ class IndexStore:
             FailedPrecondition: dense vectors are due but the index lacks them for its other
                 documents (:attr:`dense_missing`; the indexer embeds those first).
         """
-        check_utf8(chunks)
-        rows = sp.csr_matrix(rows, dtype=np.float32)
-        if rows.shape != (len(chunks), self.schema.vocab_size):
-            raise InvalidArgument(
-                f"document {doc_id!r}: {rows.shape} sparse rows for {len(chunks)} chunks and a"
-                f" vocabulary of {self.schema.vocab_size}"
-            )
-        if self.dense_enabled:
-            vectors = _checked_vectors(doc_id, vectors, chunks)
-        elif vectors is not None:
-            raise InvalidArgument(f"document {doc_id!r}: dense vectors, but dense retrieval is off")
+        rows, vectors = check_encoded(self.schema, doc_id, chunks, rows, vectors)
         with self._writer():
             if vectors is not None and self.dense_missing:
                 raise FailedPrecondition(
@@ -544,7 +616,7 @@ class IndexStore:
             collections=np.array([c.collection for c in chunks], dtype=object),
         )
 
-    def memory(self) -> dict[str, float]:
+    def stats(self) -> dict[str, float]:
         """Bytes per chunk of each index structure (sparse postings, vectors + HNSW graph)."""
         view = self.view
         n = max(len(view.chunks), 1)
@@ -665,6 +737,30 @@ def _group_documents(
             doc.slots = slots[start:end]
         start = end
     return docs
+
+
+def check_encoded(
+    schema: IndexSchema,
+    doc_id: str,
+    chunks: Sequence[Chunk],
+    rows: sp.csr_matrix,
+    vectors: np.ndarray | None,
+) -> tuple[sp.csr_matrix, np.ndarray | None]:
+    """A document's encoded rows checked against ``schema`` (InvalidArgument otherwise): text
+    a snapshot can store, one SPLADE row per chunk over the vocabulary, and dense vectors
+    exactly when the schema names a dense model. Returns them as float32."""
+    check_utf8(chunks)
+    rows = sp.csr_matrix(rows, dtype=np.float32)
+    if rows.shape != (len(chunks), schema.vocab_size):
+        raise InvalidArgument(
+            f"document {doc_id!r}: {rows.shape} sparse rows for {len(chunks)} chunks and a"
+            f" vocabulary of {schema.vocab_size}"
+        )
+    if schema.dense_model_id is not None:
+        return rows, _checked_vectors(doc_id, vectors, chunks)
+    if vectors is not None:
+        raise InvalidArgument(f"document {doc_id!r}: dense vectors, but dense retrieval is off")
+    return rows, None
 
 
 def _checked_vectors(

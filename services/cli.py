@@ -81,7 +81,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         report.write_json(Path(args.report))
     print(
         f"index {settings.retriever.index_dir}: generation {store.view.generation}, "
-        f"{len(store.view.chunks)} chunks"
+        f"{store.view.count()} chunks"
     )
     return 1 if report.count("failed") else 0
 
@@ -265,7 +265,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     from credibility.model import PACKAGED_BASE, check_base, is_checkpoint, stale_reason
     from credibility.pairs import Pair, read_pairs, write_pairs
     from credibility.train import TrainConfig, train
-    from services.server import build_indexer
+    from services.server import build_local_indexer
 
     settings = _settings(args)
     out = Path(args.out) if args.out else settings.credibility.model_dir
@@ -292,7 +292,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"pair_files": args.pairs or []}
     if not args.pairs or args.with_corpus:
         settings.retriever.dense_model = ""  # hard negatives come from the sparse index
-        indexer = build_indexer(settings)
+        indexer = build_local_indexer(settings)
         config = DistantConfig(
             max_questions=args.max_questions,
             questions_per_chunk=args.questions_per_chunk,
@@ -305,8 +305,8 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
         pairs += generated
         extra["corpus"] = {
             "index_dir": str(settings.retriever.index_dir),
-            "documents": sorted({c.doc_id for c in store.view.chunks}),
-            "chunks": len(store.view.chunks),
+            "documents": sorted(store.documents()),
+            "chunks": store.view.count(),
             "questions": len(questions),
         }
         print(f"generated {len(generated)} pairs from {len(questions)} questions", flush=True)
@@ -345,7 +345,7 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
     from credibility.llm_questions import QuestionConfig, run, summary, writer_for_index
     from generator.llamacpp_backend import LlamaCppBackend
     from generator.models import resolve_gguf
-    from services.server import build_indexer
+    from services.server import build_local_indexer
 
     settings = _settings(args)
     config = QuestionConfig(
@@ -366,7 +366,7 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
     teacher = LlamaCppBackend(
         args.model, threads=args.threads, context_tokens=2048, cache_ram_mib=0
     )
-    writer = writer_for_index(build_indexer(settings), teacher, config)
+    writer = writer_for_index(build_local_indexer(settings), teacher, config)
     header = {
         "model": args.model,
         "model_file": gguf.name,

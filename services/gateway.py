@@ -22,6 +22,7 @@ from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, doc_id_for
 from ragline.errors import InvalidArgument, NotFound, Unavailable, named
 from ragline.types import Answer, Hit
+from retriever.backend import IndexBackend
 from retriever.indexer import Indexer
 from retriever.search import RetrievalResult, Retriever, SearchOptions
 from services.auth import Principal
@@ -94,7 +95,7 @@ class Gateway:
 
     def __init__(
         self,
-        indexer: Indexer,
+        indexer: Indexer[IndexBackend],
         retriever: Retriever,
         evidence_filter: EvidenceFilter,
         generator: AnswerGenerator,
@@ -351,14 +352,14 @@ class Gateway:
 
     def counts(self, collections: frozenset[str]) -> tuple[int, int]:
         """(documents, chunks) in these collections."""
-        chunks = [c for c in self.store.view.chunks if c.collection in collections]
-        return len({c.doc_id for c in chunks}), len(chunks)
+        counts = [n for c, n in self.store.view.collection_counts().items() if c in collections]
+        return sum(d for d, _ in counts), sum(c for _, c in counts)
 
     def _collections(self) -> frozenset[str]:
         """The collections that hold documents, computed once per index generation."""
         view = self.store.view
         if self._known[0] != view.generation:
-            self._known = (view.generation, frozenset(view.collections.tolist()))
+            self._known = (view.generation, frozenset(view.collection_counts()))
         return self._known[1]
 
     # -- index management ------------------------------------------------------------------

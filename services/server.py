@@ -29,6 +29,7 @@ from credibility.model import PairClassifier, is_checkpoint
 from generator.core import AnswerGenerator, TextBackend
 from generator.models import choose_backend, resolve_vllm_model
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from retriever.backend import IndexBackend
 from retriever.cache import QueryCache
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.indexer import Indexer, schema_of
@@ -59,8 +60,8 @@ INTERNAL_SERVICES = (
 MIB = 1024 * 1024
 
 
-def build_indexer(settings: Settings) -> Indexer:
-    """The index store and the encoders that write and query it (nothing loads yet)."""
+def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | None]:
+    """The SPLADE and (dense retrieval on) dense encoders the settings name; nothing loads."""
     r = settings.retriever
     threads = settings.server.threads
     encoder = SpladeEncoder(
@@ -82,6 +83,14 @@ def build_indexer(settings: Settings) -> Indexer:
         if r.dense_model
         else None
     )
+    return encoder, dense_encoder
+
+
+def build_local_indexer(settings: Settings) -> Indexer[IndexStore]:
+    """The local index under ``index_dir`` whatever the backend setting: the offline tools
+    (credibility training data, benches) read its rows directly."""
+    r = settings.retriever
+    encoder, dense_encoder = build_encoders(settings)
     store = IndexStore(
         r.index_dir,
         schema_of(encoder, dense_encoder),
@@ -96,7 +105,29 @@ def build_indexer(settings: Settings) -> Indexer:
     return Indexer(store, encoder, dense_encoder)
 
 
-def default_options(settings: Settings, store: IndexStore) -> SearchOptions:
+def build_indexer(settings: Settings) -> Indexer[IndexBackend]:
+    """The index backend the settings name (``RAGLINE_RETRIEVER_BACKEND``) and the encoders
+    that write and query it (nothing loads yet)."""
+    r = settings.retriever
+    if r.backend != "qdrant":
+        return build_local_indexer(settings)
+    from retriever.qdrant_backend import QdrantBackend
+
+    encoder, dense_encoder = build_encoders(settings)
+    backend = QdrantBackend(
+        schema_of(encoder, dense_encoder),
+        url=r.qdrant_url,
+        path=None if r.qdrant_url else r.index_dir / "qdrant",
+        collection=r.qdrant_collection,
+        api_key=r.qdrant_api_key,
+        hnsw_m=r.hnsw_m,
+        ef_construction=r.hnsw_ef_construction,
+        ef_search=r.hnsw_ef_search,
+    )
+    return Indexer(backend, encoder, dense_encoder)
+
+
+def default_options(settings: Settings, store: IndexBackend) -> SearchOptions:
     """The retriever settings' defaults; sparse when the store has no dense side."""
     r = settings.retriever
     mode = r.mode if store.dense_enabled else "sparse"
@@ -184,7 +215,7 @@ def build_filter(settings: Settings) -> EvidenceFilter:
     return ClassifierFilter(classifier, c.threshold, c.timeout_s)
 
 
-def build_gateway(settings: Settings, indexer: Indexer | None = None) -> Gateway:
+def build_gateway(settings: Settings, indexer: Indexer[IndexBackend] | None = None) -> Gateway:
     """Wire the stages from settings (``indexer``: one already built, say sharing loaded
     encoders). Light: nothing loads until :func:`warm_up`."""
     indexer = indexer or build_indexer(settings)
@@ -409,7 +440,8 @@ def _models(gateway: Gateway) -> dict[str, str]:
     return {
         "splade": gateway.indexer.sparse.model_id,
         "dense": gateway.indexer.dense.model_id if gateway.indexer.dense else "",
-        "sparse_backend": gateway.store.sparse_backend,
+        "index_backend": gateway.store.name,
+        "sparse_backend": getattr(gateway.store, "sparse_backend", gateway.store.name),
         "generator": gateway.generator.backend.model_id,
         "evidence_filter": gateway.filter.name,
         "credibility": gateway.filter.model_id,
@@ -510,7 +542,7 @@ async def start_server(
         f", internal stages on {settings.server.internal_host}:{internal.port}" if internal else "",
         time.perf_counter() - started,
         view.generation,
-        len(view.chunks),
+        view.count(),
     )
     return running
 

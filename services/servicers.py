@@ -71,7 +71,7 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         )
         view = self.gateway.store.view
         self.metrics.inc("ragline_ingested_pages_total", report.pages)
-        return convert.ingest_to_pb(report, view.generation, len(view.chunks))
+        return convert.ingest_to_pb(report, view.generation, view.count())
 
     async def Retrieve(self, request, context):  # noqa: N802
         options = _scoped(self.gateway, convert.options_from_pb(request.options))
@@ -150,10 +150,10 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         counters["ragline_singleflight_joins_total"] = self.gateway.retriever.singleflight_joins
         counters["ragline_evidence_filter_failures_total"] = self.gateway.filter_failures
         counters["ragline_evidence_filter_fallbacks_total"] = self.gateway.filter_fallbacks
-        counters.update(self.gateway.store.memory())
+        counters.update(self.gateway.store.stats())
         return ragline_pb2.GetStatsResponse(
-            documents=len(view.doc_hashes),
-            chunks=len(view.chunks),
+            documents=sum(docs for docs, _ in view.collection_counts().values()),
+            chunks=view.count(),
             index_generation=view.generation,
             models=self.models,
             counters=counters,

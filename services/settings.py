@@ -206,6 +206,17 @@ class RetrieverSettings(BaseSettings):
         description="Keep only this many strongest SPLADE terms per passage (0 = all): a "
         "smaller index for some recall (bench/retrieval.py measures it). New ingests only.",
     )
+    backend: Literal["local", "qdrant"] = Field(
+        "local",
+        description="Where the index lives: local (snapshots under index_dir: exact or Seismic "
+        "sparse, FAISS HNSW) or qdrant (a Qdrant collection: qdrant_url, or Qdrant's local mode "
+        "under index_dir/qdrant when empty).",
+    )
+    qdrant_url: str = Field("", description="Qdrant server URL (backend=qdrant).")
+    qdrant_collection: str = Field(
+        "ragline", min_length=1, max_length=255, description="Qdrant collection name."
+    )
+    qdrant_api_key: str = Field("", description="Qdrant API key, if the server needs one.")
     sparse_backend: Literal["exact", "seismic"] = Field(
         "exact",
         description="Sparse index: exact CSC scoring, or Seismic (approximate; pays off past "

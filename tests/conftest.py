@@ -94,7 +94,7 @@ def make_indexer(
     encoder: SpladeEncoder,
     dense_encoder: DenseEncoder | None = None,
     **store_options: Any,
-) -> Indexer:
+) -> Indexer[IndexStore]:
     """An index store at ``index_dir`` and the indexer writing it with these encoders."""
     store = IndexStore(index_dir, schema_of(encoder, dense_encoder), **store_options)
     return Indexer(store, encoder, dense_encoder)

@@ -272,7 +272,8 @@ def test_llm_written_questions_are_checked_deterministic_and_resumable(
     from generator.llamacpp_backend import LlamaCppBackend
     from ragline.errors import FailedPrecondition
 
-    view = rdata_store.load()
+    rdata_store.load()
+    view = rdata_store.store.view
     teacher = LlamaCppBackend(
         "packaged:smollm2-135m-instruct", threads=2, context_tokens=2048, cache_ram_mib=0
     )
@@ -319,7 +320,8 @@ def test_template_rewrites_are_checked_and_deterministic(
     from credibility.llm_questions import QuestionConfig, occurs, run, writer_for_index
     from generator.llamacpp_backend import LlamaCppBackend
 
-    view = rdata_store.load()
+    rdata_store.load()
+    view = rdata_store.store.view
     by_id = {c.chunk_id: c for c in view.chunks}
     teacher = LlamaCppBackend(
         "packaged:smollm2-135m-instruct", threads=2, context_tokens=2048, cache_ram_mib=0

@@ -197,18 +197,19 @@ def test_dense_index_survives_reload_delete_and_replace(
     notes = make_pdf("notes.pdf", ["Release 2.0 adds TLS support.", "ARM boards log clock skew."])
     run_batch([manual, notes], index, progress=False)
     query = dense_encoder.encode_query(PARAPHRASE)
-    view = index.view
+    view = index.store.view
     assert view.dense is not None
     before = [(view.chunks[r].chunk_id, round(s, 5)) for r, s in view.dense.search(query, 3)]
 
     reloaded = make_indexer(index_dir, encoder, dense_encoder)
-    rview = reloaded.load()
+    reloaded.load()
+    rview = reloaded.store.view
     assert rview.dense is not None
     after = [(rview.chunks[r].chunk_id, round(s, 5)) for r, s in rview.dense.search(query, 3)]
     assert after == before  # the graph came back from the snapshot, not re-embedded
 
     index.delete("notes")
-    live = index.view
+    live = index.store.view
     assert live.dense is not None
     found = live.dense.search(dense_encoder.encode_query("TLS support release"), 10)
     assert found and all(live.chunks[r].doc_id == "manual" for r, _ in found)
@@ -219,11 +220,11 @@ def test_dense_index_survives_reload_delete_and_replace(
     make_pdf("manual.pdf", [*MANUAL_PAGES, "Chapter 5. Logs rotate daily."])
     run_batch([manual], index, progress=False)
     assert index.store.compact() >= 0
-    final = index.view
+    final = index.store.view
     assert final.dense is not None and final.dense.hnsw.tombstones == 0
     rows = [r for r, _ in final.dense.search(query, 50)]
     assert sorted(rows) == list(range(len(final.chunks)))  # every live chunk, nothing else
-    memory = index.store.memory()
+    memory = index.store.stats()
     assert memory["hnsw_bytes_per_chunk"] > 384 * 4 and memory["sparse_bytes_per_chunk"] > 0
 
 
@@ -233,24 +234,25 @@ async def test_seismic_backend_serves_the_same_top_hit(
     index = make_indexer(tmp_path / "index", encoder, sparse_backend="seismic")
     index.load()
     run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], index, progress=False)
-    assert index.view.approx is not None and index.view.approx.name == "seismic"
+    assert index.store.view.approx is not None and index.store.view.approx.name == "seismic"
     result = await retriever_for(index).search(QUESTION, 3, SearchOptions(mode="sparse"))
     assert "FROB_HOME" in result.hits[0].chunk.text
     vector = encoder.encode_query(QUESTION)
-    exact = index.view.sparse.search(vector, 3)
-    assert [r for r, _ in index.view.sparse_search(vector, 3)][0] == exact[0][0]
+    exact = index.store.view.sparse.search(vector, 3)
+    assert [r for r, _ in index.store.view.sparse_search(vector, 3)][0] == exact[0][0]
     assert np.isclose(result.hits[0].score, exact[0][1], rtol=1e-2)
 
 
 async def test_inference_free_query_mode_uses_idf_weights(server: RunningServer) -> None:
     index = server.gateway.indexer
     retriever = retriever_for(index, query_encoder="idf")
-    view = index.view
+    view = index.store.view
     vector = retriever.encode_sparse(view, "FROB_HOME site configuration")
     assert vector.indices and all(w > 0 for w in vector.values)
     # rarer word pieces weigh more: "fro" (in many chunks) < "home" (in one)
     weights = dict(zip(index.sparse.tokens(list(vector.indices)), vector.values, strict=True))
-    df = view.doc_freq
+    df = view.doc_freq()
+    assert df is not None
     by_df = sorted(vector.indices, key=lambda t: df[t])
     assert (
         weights[index.sparse.tokens([by_df[0]])[0]] >= weights[index.sparse.tokens([by_df[-1]])[0]]

@@ -120,11 +120,11 @@ def test_batch_with_two_workers_reports_each_bad_file_and_lands_the_rest(
     for name, reason in expected.items():
         assert by_name[name].status == "failed" and reason in by_name[name].reason, name
     assert by_name["good.pdf"].status == by_name["notes-2.pdf"].status == "ingested"
-    assert {c.doc_id for c in index.view.chunks} == {"good", "notes-2"}
-    paths = {c.path for c in index.view.chunks if c.doc_id == "good"}
+    assert {c.doc_id for c in index.store.view.chunks} == {"good", "notes-2"}
+    paths = {c.path for c in index.store.view.chunks if c.doc_id == "good"}
     assert paths == {str((tmp_path / "good.pdf").resolve())}
     # the path survives the gRPC mapping, and a snapshot written before it existed still loads
-    chunk = index.view.chunks[0]
+    chunk = index.store.view.chunks[0]
     assert chunk_from_pb(chunk_to_pb(chunk, expose_paths=True)) == chunk
     older = {k: v for k, v in asdict(chunk).items() if k != "path"}
     assert _chunk_from_json(json.dumps(older)) == replace(chunk, path="")
@@ -159,7 +159,7 @@ def test_a_worker_that_dies_fails_only_its_file(
         "e.pdf": "ingested",
     }
     assert "parser process died" in report.results[2].reason
-    assert {c.doc_id for c in index.view.chunks} == {"a", "b", "d", "e"}
+    assert {c.doc_id for c in index.store.view.chunks} == {"a", "b", "d", "e"}
 
 
 def parse_big_slowly(
@@ -248,7 +248,7 @@ def test_killed_ingest_resumes_without_duplicates_or_losses(
 
     index = make_indexer(tmp_path / "index", encoder)
     index.load()
-    chunks = index.view.chunks
+    chunks = index.store.view.chunks
     assert {c.doc_id for c in chunks} == {f"doc{n}" for n in range(6)}
     assert len({c.chunk_id for c in chunks}) == len(chunks)
     per_doc = Counter(c.doc_id for c in chunks)

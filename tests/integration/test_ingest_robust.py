@@ -73,7 +73,7 @@ def test_a_non_utf8_file_name_ingests_under_an_escaped_name_and_the_index_keeps_
     json.dumps(report.to_dict(), ensure_ascii=False).encode("utf-8")
     report.write_json(tmp_path / "report.json")
     file_result_to_pb(report.results[1]).SerializeToString()
-    chunk = next(c for c in index.view.chunks if c.doc_id == "caf\\xe9")
+    chunk = next(c for c in index.store.view.chunks if c.doc_id == "caf\\xe9")
     assert chunk.source == "caf\\xe9.pdf" and chunk.path.endswith("/caf\\xe9.pdf")
     chunk.path.encode("utf-8")
     chunk_to_pb(chunk).SerializeToString()
@@ -84,7 +84,7 @@ def test_a_non_utf8_file_name_ingests_under_an_escaped_name_and_the_index_keeps_
     assert run_batch([odd], index, progress=False).results[0].status == "unchanged"
     fresh = make_indexer(tmp_path / "index", encoder)
     fresh.load()
-    assert set(fresh.view.doc_hashes) == {"a", "caf\\xe9", "z"}
+    assert set(fresh.store.view.doc_hashes) == {"a", "caf\\xe9", "z"}
     assert not list((tmp_path / "index" / "snapshots").glob(".tmp-*"))
 
     # the same odd name in another folder: refused, as its first path (looked up by its
@@ -103,7 +103,7 @@ def test_names_whose_bytes_differ_stay_different_documents(
     index.load()
     report = run_batch([tmp_path / "docs"], index, progress=False)
     assert {r.status for r in report.results} == {"ingested"}
-    assert set(index.view.doc_hashes) == {"caf\\xe8", "caf\\xe9"}
+    assert set(index.store.view.doc_hashes) == {"caf\\xe8", "caf\\xe9"}
 
 
 # -- a commit that fails leaves memory and disk as before ---------------------------------
@@ -153,7 +153,7 @@ def test_a_failed_commit_changes_nothing_and_the_next_write_works(
     index.load()
     manual = make_pdf("manual.pdf", MANUAL_PAGES)
     run_batch([manual], index, progress=False)
-    view, disk = index.view, disk_state(index_dir)
+    view, disk = index.store.view, disk_state(index_dir)
     notes_chunks = parse_document(make_pdf("notes.pdf", NOTES).read_bytes(), "notes.pdf").chunks
     manual_chunks = list(view.chunks)
 
@@ -171,10 +171,13 @@ def test_a_failed_commit_changes_nothing_and_the_next_write_works(
 
     monkeypatch.undo()
     index.put("notes", "h-notes", notes_chunks)
-    assert index.view.generation == 2 and set(index.view.doc_hashes) == {"manual", "notes"}
+    assert index.store.view.generation == 2 and set(index.store.view.doc_hashes) == {
+        "manual",
+        "notes",
+    }
     assert index.delete("manual") == len(manual_chunks)
     fresh = make_indexer(index_dir, encoder)
-    assert fresh.load().generation == 3 and set(fresh.view.doc_hashes) == {"notes"}
+    assert fresh.load().generation == 3 and set(fresh.store.view.doc_hashes) == {"notes"}
 
 
 def test_a_batch_goes_on_past_a_document_the_index_failed_to_write(
@@ -199,7 +202,7 @@ def test_a_batch_goes_on_past_a_document_the_index_failed_to_write(
     assert [r.status for r in report.results] == ["failed", "ingested"]
     assert "index write failed" in report.results[0].reason
     assert "No space left" in report.results[0].reason
-    assert set(index.view.doc_hashes) == {"b"} and index.view.generation == 1
+    assert set(index.store.view.doc_hashes) == {"b"} and index.store.view.generation == 1
 
 
 async def test_a_failed_commit_on_a_dense_index_restores_the_graph(
@@ -233,7 +236,7 @@ async def test_a_failed_commit_on_a_dense_index_restores_the_graph(
     monkeypatch.undo()
     assert run_batch([manual], index, progress=False).results[0].status == "replaced"
     assert index.delete("notes") > 0
-    view = index.view
+    view = index.store.view
     assert view.dense is not None and view.generation == generation + 2
     rows = sorted(r for r, _ in view.dense.search(dense_encoder.encode_query(QUESTION), 50))
     assert rows == list(range(len(view.chunks)))  # every live chunk, no stale slot
@@ -347,7 +350,7 @@ def test_cli_ingest_reports_a_missing_path_and_odd_names_and_lands_the_rest(
     ]
     assert report["warnings"] == [f"{empty}: no PDF files in this folder"]
     index = make_indexer(index_dir, encoder)
-    assert set(index.load().doc_hashes) == {"a", "caf\\xe9", "b"}
+    assert set(index.store.load().doc_hashes) == {"a", "caf\\xe9", "b"}
     assert not list((index_dir / "snapshots").glob(".tmp-*"))
 
 

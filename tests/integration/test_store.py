@@ -8,7 +8,7 @@ import pytest
 
 from ingest.batch import run_batch
 from ragline.errors import DataLoss, FailedPrecondition, NotFound
-from retriever.encoders import DenseEncoder, SpladeEncoder
+from retriever.encoders import SpladeEncoder
 from retriever.indexer import Indexer
 from retriever.search import SearchOptions
 from tests.conftest import MANUAL_PAGES, make_indexer, retriever_for
@@ -35,7 +35,7 @@ def test_ingest_is_idempotent_replaces_changed_and_deletes(
     report = run_batch([manual, junk], index, progress=False)
     assert [r.status for r in report.results] == ["ingested", "failed"]
     assert "not a PDF" in report.results[1].reason
-    first = index.view
+    first = index.store.view
     assert first.generation == 1 and len(first.chunks) >= 1
 
     again = run_batch([manual], index, progress=False)
@@ -46,12 +46,12 @@ def test_ingest_is_idempotent_replaces_changed_and_deletes(
     changed = run_batch([manual], index, progress=False)
     assert changed.results[0].status == "replaced"
     assert index.view.generation == 2
-    assert {c.doc_id for c in index.view.chunks} == {"manual"}
-    assert not {c.chunk_id for c in first.chunks} & {c.chunk_id for c in index.view.chunks}
+    assert {c.doc_id for c in index.store.view.chunks} == {"manual"}
+    assert not {c.chunk_id for c in first.chunks} & {c.chunk_id for c in index.store.view.chunks}
 
-    chunks_before = len(index.view.chunks)
+    chunks_before = len(index.store.view.chunks)
     assert index.delete("manual") == chunks_before
-    assert index.view.chunks == () and index.view.generation == 3
+    assert index.store.view.chunks == () and index.store.view.generation == 3
     with pytest.raises(NotFound):
         index.delete("manual")
 
@@ -64,7 +64,7 @@ def test_a_same_named_file_from_another_folder_does_not_silently_replace(
     first = make_pdf("a/manual.pdf", MANUAL_PAGES)
     other = make_pdf("b/manual.pdf", ["Chapter 1. A different manual about the widget daemon."])
     assert run_batch([first], index, progress=False).results[0].status == "ingested"
-    kept = index.view
+    kept = index.store.view
 
     refused = run_batch([other], index, progress=False).results[0]
     assert refused.status == "failed"
@@ -75,7 +75,7 @@ def test_a_same_named_file_from_another_folder_does_not_silently_replace(
     forced = run_batch([other], index, progress=False, replace_other_paths=True)
     assert forced.results[0].status == "replaced"
     assert index.path_of("manual") == str(other.resolve())
-    assert "widget" in " ".join(c.text for c in index.view.chunks)
+    assert "widget" in " ".join(c.text for c in index.store.view.chunks)
 
     # the folder moved: its old path is gone, so the file replaces its document as usual
     moved = make_pdf("c/manual.pdf", [*MANUAL_PAGES, "Chapter 5. Appendix."])
@@ -135,7 +135,7 @@ def test_two_writers_never_overwrite_each_other(
     assert server_side.view.generation == 2
     fresh = make_indexer(index_dir, encoder)
     fresh.load()
-    assert set(fresh.view.doc_hashes) == {"a", "b"}
+    assert set(fresh.store.view.doc_hashes) == {"a", "b"}
 
 
 def test_put_encodes_in_slices_reporting_progress_and_indexes_the_same(
@@ -156,29 +156,6 @@ def test_put_encodes_in_slices_reporting_progress_and_indexes_the_same(
     calls: list[int] = []
     sliced.put("manual", "h1", chunks, progress=calls.append)
     assert calls == [2, 2, 1]
-    a, b = whole.view.sparse.matrix, sliced.view.sparse.matrix
+    a, b = whole.store.view.sparse.matrix, sliced.store.view.sparse.matrix
     assert a.shape == b.shape == (5, a.shape[1])
     assert abs(a - b).max() < 1e-4  # slicing the batch changes nothing the index holds
-
-
-def test_the_indexer_embeds_an_index_built_without_dense_vectors_once(
-    tmp_path: Path,
-    encoder: SpladeEncoder,
-    dense_encoder: DenseEncoder,
-    make_pdf: Callable[..., Path],
-) -> None:
-    index_dir = tmp_path / "index"
-    indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))  # sparse only
-
-    with_dense = make_indexer(index_dir, encoder, dense_encoder)
-    assert with_dense.store.load().dense is None  # the store alone never encodes
-    assert with_dense.store.dense_missing
-    view = with_dense.load()  # the indexer embeds every chunk and commits the vectors
-    assert view.generation == 2 and view.dense is not None and not with_dense.store.dense_missing
-    question = dense_encoder.encode_query("Where is the file that configures the whole site?")
-    top = view.chunks[view.dense.search(question, 1)[0][0]]
-    assert 3 in top.pages
-
-    again = make_indexer(index_dir, encoder, dense_encoder)
-    assert again.load().generation == 2  # persisted: nothing embedded on the next start
-    assert again.backfill_dense() == 0

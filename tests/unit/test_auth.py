@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from ragline.errors import NotFound, PermissionDenied, Unauthenticated
-from retriever.search import SearchOptions, _allowed_rows
+from retriever.backend import Filters
+from retriever.store import IndexView
 from services.auth import (
     METHOD_SCOPES,
     SCOPES,
@@ -307,11 +308,9 @@ def test_limited_principal_sees_its_own_collections() -> None:
 
 def retriever_message(index_collections: list[str], requested: tuple[str, ...]) -> str:
     """What the retriever itself says for a filter naming collections the index lacks."""
-    view = SimpleNamespace(
-        chunks=index_collections, collections=np.array(index_collections, dtype=object)
-    )
+    view = SimpleNamespace(doc_hashes={}, collections=np.array(index_collections, dtype=object))
     with pytest.raises(NotFound) as info:
-        _allowed_rows(view, SearchOptions(collections=requested))  # type: ignore[arg-type]
+        IndexView.check(view, Filters(collections=requested))  # type: ignore[arg-type]
     return info.value.message
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from ragline.errors import FailedPrecondition, InvalidArgument
+from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
 from ragline.types import Chunk, SparseVector
 from retriever.store import IndexSchema, IndexStore
 
@@ -69,6 +69,11 @@ def test_encoded_rows_are_indexed_persisted_and_searched(tmp_path: Path) -> None
     assert again.dense is not None
     assert again.dense.search(manual_vectors[2], 1) == nearest
     assert reloaded.documents()["notes"][0] == "h2"
+    stored_rows, stored_vectors = reloaded.encoded("manual")  # what another backend copies
+    assert abs(stored_rows - rows(3, first_term=10)).max() == 0
+    assert stored_vectors is not None and np.allclose(stored_vectors, manual_vectors, atol=1e-6)
+    with pytest.raises(NotFound):
+        reloaded.encoded("nothing")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,544 @@
+"""The ``qdrant`` index backend: one Qdrant collection per ragline index.
+
+Each chunk is one point (id: a UUID derived from the chunk id) with named vectors ``sparse``
+(SPLADE rows) and ``dense`` (unit vectors, HNSW with the configured M / efConstruction), and the
+chunk itself as payload, with keyword payload indexes on ``doc_id``, ``kind`` and
+``collection`` so filters run inside the search. The collection's metadata holds the models
+that encoded it and the index generation, which every write bumps, so the Redis cache stays
+generation-safe as with the local backend.
+
+One mapping, two transports, both through ``qdrant-client``: a cluster URL
+(``RAGLINE_RETRIEVER_QDRANT_URL``), or Qdrant's local mode in a folder (no server; for tests
+and small indexes). What differs from the local backend:
+
+- a write is not one atomic snapshot: a replaced document's new points are written before its
+  old ones are deleted, so a search in between may see both; the generation moves after both;
+- searches read the live collection, so a request's view is its generation number, not a
+  frozen copy;
+- inference-free IDF queries need document frequencies, which Qdrant does not expose.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, named
+from ragline.types import Chunk, SparseVector
+from retriever.backend import Filters, IndexSchema
+from retriever.store import check_encoded
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+UPSERT_BATCH = 256
+SCROLL_PAGE = 1024
+_ID_NAMESPACE = uuid.UUID("8d0d5f8e-4c52-4a59-9a43-2f8f3f1c8a11")
+PAYLOAD_INDEXES = ("doc_id", "kind", "collection")
+
+
+def point_id(chunk_id: str) -> str:
+    """Qdrant point ids are UUIDs or integers: the chunk id's UUID5."""
+    return str(uuid.uuid5(_ID_NAMESPACE, chunk_id))
+
+
+def _chunk_of(payload: dict[str, Any]) -> Chunk:
+    return Chunk(
+        chunk_id=payload["chunk_id"],
+        doc_id=payload["doc_id"],
+        ordinal=int(payload["ordinal"]),
+        text=payload["text"],
+        pages=tuple(payload["pages"]),
+        source=payload.get("source", ""),
+        title_path=tuple(payload.get("title_path", ())),
+        kind=payload.get("kind", "text"),
+        collection=payload.get("collection", "default"),
+        quality=float(payload.get("quality", 1.0)),
+        path=payload.get("path", ""),
+    )
+
+
+def _dot(query: SparseVector, indices: Sequence[int], values: Sequence[float]) -> float:
+    weights = dict(zip(query.indices, query.values, strict=True))
+    return float(
+        sum(weights.get(int(i), 0.0) * float(v) for i, v in zip(indices, values, strict=True))
+    )
+
+
+class QdrantView:
+    """A request's read of the collection at one generation (see the module docstring)."""
+
+    def __init__(self, backend: QdrantBackend, generation: int, size: int) -> None:
+        self._backend = backend
+        self._generation = generation
+        self._size = size
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def has_dense(self) -> bool:
+        return self._backend.dense_enabled and not self._backend.dense_missing
+
+    def count(self) -> int:
+        return self._size
+
+    def collection_counts(self) -> dict[str, tuple[int, int]]:
+        return self._backend.collection_counts()
+
+    def check(self, filters: Filters) -> None:
+        b = self._backend
+        if filters.doc_ids:
+            unknown = [d for d in sorted(set(filters.doc_ids)) if not b.has("doc_id", d)]
+            if unknown:
+                raise NotFound(f"no document with id(s) {named(unknown)}")
+        if filters.collections:
+            unknown = [c for c in sorted(set(filters.collections)) if not b.has("collection", c)]
+            if unknown:
+                raise NotFound(f"no collection named {named(unknown)}")
+
+    def search_sparse(
+        self, query: SparseVector, k: int, filters: Filters
+    ) -> list[tuple[Chunk, float]]:
+        if k <= 0 or not query.indices:
+            return []
+        from qdrant_client import models
+
+        vector = models.SparseVector(indices=list(query.indices), values=list(query.values))
+        found = self._backend.query(vector, "sparse", k, filters)
+        return [(c, s) for c, s in found if s > 0]
+
+    def search_dense(
+        self, query: np.ndarray, k: int, filters: Filters
+    ) -> list[tuple[Chunk, float]]:
+        if k <= 0 or not self.has_dense:
+            return []
+        return self._backend.query(query.astype(np.float32).tolist(), "dense", k, filters)
+
+    def sparse_scores(self, query: SparseVector, chunk_ids: Sequence[str]) -> list[float]:
+        rows = self._backend.sparse_rows(chunk_ids)
+        return [_dot(query, *rows[c]) if c in rows else 0.0 for c in chunk_ids]
+
+    def explain(self, query: SparseVector, chunk_id: str, top_n: int) -> list[tuple[int, float]]:
+        indices, values = self._backend.sparse_rows([chunk_id]).get(chunk_id, ((), ()))
+        weights = dict(zip(query.indices, query.values, strict=True))
+        parts = [
+            (int(i), weights[int(i)] * float(v))
+            for i, v in zip(indices, values, strict=True)
+            if int(i) in weights and weights[int(i)] * float(v) > 0
+        ]
+        return sorted(parts, key=lambda p: -p[1])[:top_n]
+
+    def get_chunks(self, chunk_ids: Sequence[str]) -> list[Chunk] | None:
+        found = self._backend.chunks_by_id(chunk_ids)
+        if len(found) != len(set(chunk_ids)):
+            return None
+        return [found[c] for c in chunk_ids]
+
+    def doc_freq(self) -> np.ndarray | None:
+        return None
+
+
+class QdrantBackend:
+    """Encoded chunks in a Qdrant collection (module docstring). Implements ``IndexBackend``.
+
+    Args:
+        schema: The models whose rows it holds; a collection written by another SPLADE model is
+            refused, one without vectors of the configured dense model loads without them.
+        url: A Qdrant server (``http://host:6333``); empty: local mode in ``path``.
+        path: The local-mode folder (one process at a time may open it).
+        collection: The collection's name.
+    """
+
+    name = "qdrant"
+
+    def __init__(
+        self,
+        schema: IndexSchema,
+        *,
+        url: str = "",
+        path: str | Path | None = None,
+        collection: str = "ragline",
+        api_key: str = "",
+        hnsw_m: int = 32,
+        ef_construction: int = 200,
+        ef_search: int = 64,
+        timeout_s: int = 10,
+        client: Any = None,
+    ) -> None:
+        from qdrant_client import QdrantClient
+
+        if client is None and not url and path is None:
+            raise InvalidArgument("qdrant backend: a url or a local path is needed")
+        self.schema = schema
+        self.collection = collection
+        self.hnsw_m = hnsw_m
+        self.ef_construction = ef_construction
+        self.ef_search = ef_search
+        if client is not None:
+            self.client = client
+        elif url:
+            self.client = QdrantClient(url=url, api_key=api_key or None, timeout=timeout_s)
+        else:
+            assert path is not None
+            Path(path).mkdir(parents=True, exist_ok=True)
+            self.client = QdrantClient(path=str(path))
+        self._lock = threading.Lock()
+        self._meta: dict[str, Any] = {}
+        self._view: QdrantView | None = None
+
+    # -- IndexBackend: reading -------------------------------------------------------------
+    @property
+    def dense_enabled(self) -> bool:
+        return self.schema.dense_model_id is not None
+
+    @property
+    def dense_missing(self) -> bool:
+        return (
+            self.dense_enabled
+            and self._meta.get("dense_model_id") != self.schema.dense_model_id
+            and self._count() > 0
+        )
+
+    @property
+    def view(self) -> QdrantView:
+        if self._view is None:
+            raise FailedPrecondition("index not loaded; call load() first")
+        return self._view
+
+    def load(self) -> QdrantView:
+        """Read the collection's metadata (the generation, the models that wrote it)."""
+        self._meta = self._read_meta()
+        if self._meta and self._meta.get("sparse_model_id") != self.schema.sparse_model_id:
+            raise FailedPrecondition(
+                f"Qdrant collection {self.collection!r} was built with SPLADE model "
+                f"{self._meta.get('sparse_model_id')!r}, but {self.schema.sparse_model_id!r} is "
+                "configured; re-ingest into a new collection"
+            )
+        self._view = QdrantView(self, int(self._meta.get("generation", 0)), self._count())
+        return self._view
+
+    def refresh(self) -> bool:
+        known = self._view.generation if self._view else -1
+        return self.load().generation != known
+
+    def content_hash_of(self, doc_id: str) -> str | None:
+        payload = self._first_payload(doc_id)
+        return payload.get("content_hash") if payload else None
+
+    def collection_of(self, doc_id: str) -> str | None:
+        payload = self._first_payload(doc_id)
+        return payload.get("collection") if payload else None
+
+    def path_of(self, doc_id: str) -> str | None:
+        payload = self._first_payload(doc_id)
+        return payload.get("path", "") if payload else None
+
+    def documents(self) -> dict[str, tuple[str, tuple[Chunk, ...]]]:
+        grouped: dict[str, tuple[str, list[Chunk]]] = {}
+        for payload in self._scroll(None, with_payload=True):
+            entry = grouped.setdefault(payload["doc_id"], (payload["content_hash"], []))
+            entry[1].append(_chunk_of(payload))
+        return {
+            d: (h, tuple(sorted(chunks, key=lambda c: c.ordinal)))
+            for d, (h, chunks) in grouped.items()
+        }
+
+    def collection_counts(self) -> dict[str, tuple[int, int]]:
+        """collection → (documents, chunks), read from every point's payload (the gateway
+        asks once per generation)."""
+        docs: dict[str, set[str]] = {}
+        chunks: dict[str, int] = {}
+        for payload in self._scroll(None, with_payload=["doc_id", "collection"]):
+            name = payload.get("collection", "default")
+            docs.setdefault(name, set()).add(payload["doc_id"])
+            chunks[name] = chunks.get(name, 0) + 1
+        return {c: (len(docs[c]), chunks[c]) for c in chunks}
+
+    def stats(self) -> dict[str, float]:
+        return {"qdrant_points": float(self._count())}
+
+    # -- IndexBackend: writing -------------------------------------------------------------
+    def put_encoded(
+        self,
+        doc_id: str,
+        content_hash: str,
+        chunks: Sequence[Chunk],
+        rows: sp.csr_matrix,
+        vectors: np.ndarray | None = None,
+    ) -> None:
+        rows, vectors = check_encoded(self.schema, doc_id, chunks, rows, vectors)
+        from qdrant_client import models
+
+        with self._lock:
+            if vectors is not None and self.dense_missing:
+                raise FailedPrecondition(
+                    "the index has documents without dense vectors; embed them first"
+                    " (Indexer.backfill_dense)"
+                )
+            self._ensure_collection(vectors.shape[1] if vectors is not None else None)
+            old = set(self._point_ids(doc_id))
+            points = []
+            for n, chunk in enumerate(chunks):
+                row = rows.getrow(n)
+                vector: dict[str, Any] = {
+                    "sparse": models.SparseVector(
+                        indices=row.indices.tolist(), values=row.data.tolist()
+                    )
+                }
+                if vectors is not None:
+                    vector["dense"] = vectors[n].tolist()
+                payload = asdict(chunk) | {"content_hash": content_hash}
+                points.append(
+                    models.PointStruct(id=point_id(chunk.chunk_id), vector=vector, payload=payload)
+                )
+            for start in range(0, len(points), UPSERT_BATCH):
+                self.client.upsert(self.collection, points[start : start + UPSERT_BATCH], wait=True)
+            stale = sorted(old - {p.id for p in points})
+            if stale:
+                self.client.delete(
+                    self.collection, points_selector=models.PointIdsList(points=stale), wait=True
+                )
+            self._bump()
+
+    def delete(self, doc_id: str) -> int:
+        with self._lock:
+            ids = self._point_ids(doc_id)
+            if not ids:
+                raise NotFound(f"no document with id {doc_id!r}")
+            from qdrant_client import models
+
+            self.client.delete(
+                self.collection, points_selector=models.PointIdsList(points=ids), wait=True
+            )
+            self._bump()
+            return len(ids)
+
+    def set_dense(self, expected: dict[str, str], vectors: dict[str, np.ndarray]) -> None:
+        if not self.dense_enabled:
+            raise FailedPrecondition("dense retrieval is off: no vectors to set")
+        from qdrant_client import models
+
+        with self._lock:
+            docs = self.documents()
+            if {d: h for d, (h, _) in docs.items()} != expected:
+                raise FailedPrecondition("the index changed while it was being embedded")
+            checked = {
+                d: check_encoded(
+                    self.schema,
+                    d,
+                    chunks,
+                    sp.csr_matrix((len(chunks), self.schema.vocab_size)),
+                    vectors.get(d),
+                )[1]
+                for d, (_, chunks) in docs.items()
+            }
+            dim = next((v.shape[1] for v in checked.values() if v is not None and v.size), None)
+            if dim is not None and "dense" not in self._vector_names():
+                # A collection created with dense retrieval off gets the named vector now
+                # (with the collection's HNSW settings: a late vector takes no others).
+                self.client.create_vector_name(
+                    self.collection,
+                    "dense",
+                    models.DenseVectorNameConfig(
+                        dense=models.DenseVectorConfig(size=dim, distance=models.Distance.COSINE)
+                    ),
+                )
+            for d, (_, chunks) in docs.items():
+                block = checked[d]
+                assert block is not None
+                updates = [
+                    models.PointVectors(
+                        id=point_id(c.chunk_id), vector={"dense": block[n].tolist()}
+                    )
+                    for n, c in enumerate(chunks)
+                ]
+                for start in range(0, len(updates), UPSERT_BATCH):
+                    self.client.update_vectors(
+                        self.collection, updates[start : start + UPSERT_BATCH], wait=True
+                    )
+            self._bump(dense_model_id=self.schema.dense_model_id)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- helpers the view uses -------------------------------------------------------------
+    def query(self, vector: Any, using: str, k: int, filters: Filters) -> list[tuple[Chunk, float]]:
+        if not self._exists():
+            return []
+        from qdrant_client import models
+
+        params = models.SearchParams(hnsw_ef=max(self.ef_search, k)) if using == "dense" else None
+        response = self.client.query_points(
+            self.collection,
+            query=vector,
+            using=using,
+            limit=k,
+            query_filter=self._filter(filters),
+            search_params=params,
+            with_payload=True,
+        )
+        return [(_chunk_of(p.payload or {}), float(p.score)) for p in response.points]
+
+    def has(self, key: str, value: str) -> bool:
+        if not self._exists():
+            return False
+        from qdrant_client import models
+
+        match = models.Filter(
+            must=[models.FieldCondition(key=key, match=models.MatchValue(value=value))]
+        )
+        return bool(self.client.count(self.collection, count_filter=match, exact=True).count)
+
+    def sparse_rows(self, chunk_ids: Sequence[str]) -> dict[str, tuple[list[int], list[float]]]:
+        if not chunk_ids or not self._exists():
+            return {}
+        points = self.client.retrieve(
+            self.collection,
+            [point_id(c) for c in chunk_ids],
+            with_payload=["chunk_id"],
+            with_vectors=["sparse"],
+        )
+        out = {}
+        for p in points:
+            vector = (p.vector or {}).get("sparse")
+            if vector is not None and p.payload:
+                out[p.payload["chunk_id"]] = (list(vector.indices), list(vector.values))
+        return out
+
+    def chunks_by_id(self, chunk_ids: Sequence[str]) -> dict[str, Chunk]:
+        if not chunk_ids or not self._exists():
+            return {}
+        points = self.client.retrieve(
+            self.collection, [point_id(c) for c in chunk_ids], with_payload=True
+        )
+        chunks = [_chunk_of(p.payload) for p in points if p.payload]
+        return {c.chunk_id: c for c in chunks}
+
+    # -- internals ---------------------------------------------------------------------------
+    def _exists(self) -> bool:
+        return bool(self.client.collection_exists(self.collection))
+
+    def _read_meta(self) -> dict[str, Any]:
+        if not self._exists():
+            return {}
+        meta = self.client.get_collection(self.collection).config.metadata or {}
+        if meta and meta.get("format") != FORMAT:
+            raise FailedPrecondition(
+                f"Qdrant collection {self.collection!r}: not a ragline index (format "
+                f"{meta.get('format')!r})"
+            )
+        return dict(meta)
+
+    def _vector_names(self) -> set[str]:
+        vectors = self.client.get_collection(self.collection).config.params.vectors
+        return set(vectors) if isinstance(vectors, dict) else set()
+
+    def _ensure_collection(self, dim: int | None) -> None:
+        if self._exists():
+            return
+        from qdrant_client import models
+
+        dense = {"dense": self._dense_params(dim)} if dim is not None else {}
+        self.client.create_collection(
+            self.collection,
+            vectors_config=dense,
+            sparse_vectors_config={"sparse": models.SparseVectorParams()},
+            metadata={
+                "format": FORMAT,
+                "generation": 0,
+                "sparse_model_id": self.schema.sparse_model_id,
+                "vocab_size": self.schema.vocab_size,
+                "dense_model_id": self.schema.dense_model_id if dim is not None else None,
+            },
+        )
+        for key in PAYLOAD_INDEXES:
+            self.client.create_payload_index(
+                self.collection, key, field_schema=models.PayloadSchemaType.KEYWORD
+            )
+        self._meta = self._read_meta()
+
+    def _dense_params(self, dim: int) -> Any:
+        from qdrant_client import models
+
+        return models.VectorParams(
+            size=dim,
+            distance=models.Distance.COSINE,
+            hnsw_config=models.HnswConfigDiff(m=self.hnsw_m, ef_construct=self.ef_construction),
+        )
+
+    def _bump(self, **changes: Any) -> None:
+        generation = int(self._read_meta().get("generation", 0)) + 1
+        self.client.update_collection(
+            self.collection, metadata={"generation": generation, **changes}
+        )
+        self._meta = self._read_meta()
+        self._view = QdrantView(self, generation, self._count())
+
+    def _count(self) -> int:
+        if not self._exists():
+            return 0
+        return int(self.client.count(self.collection, exact=True).count)
+
+    def _filter(self, filters: Filters) -> Any:
+        if filters.empty:
+            return None
+        from qdrant_client import models
+
+        must = [
+            models.FieldCondition(key=key, match=models.MatchAny(any=sorted(set(values))))
+            for key, values in (
+                ("doc_id", filters.doc_ids),
+                ("kind", filters.kinds),
+                ("collection", filters.collections),
+            )
+            if values
+        ]
+        return models.Filter(must=must)
+
+    def _doc_filter(self, doc_id: str) -> Any:
+        from qdrant_client import models
+
+        return models.Filter(
+            must=[models.FieldCondition(key="doc_id", match=models.MatchValue(value=doc_id))]
+        )
+
+    def _first_payload(self, doc_id: str) -> dict[str, Any] | None:
+        if not self._exists():
+            return None
+        points, _ = self.client.scroll(
+            self.collection, scroll_filter=self._doc_filter(doc_id), limit=1, with_payload=True
+        )
+        return dict(points[0].payload or {}) if points else None
+
+    def _point_ids(self, doc_id: str) -> list[str]:
+        if not self._exists():
+            return []
+        return [str(p) for p in self._scroll(self._doc_filter(doc_id), with_payload=False)]
+
+    def _scroll(self, scroll_filter: Any, *, with_payload: bool | list[str]) -> list[Any]:
+        """Every matching point's payload (or id, without payload)."""
+        if not self._exists():
+            return []
+        out: list[Any] = []
+        offset = None
+        while True:
+            points, offset = self.client.scroll(
+                self.collection,
+                scroll_filter=scroll_filter,
+                limit=SCROLL_PAGE,
+                offset=offset,
+                with_payload=with_payload,
+            )
+            out += [p.payload if with_payload else p.id for p in points]
+            if offset is None:
+                return out

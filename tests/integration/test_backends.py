@@ -1,0 +1,148 @@
+"""Both index backends behind one protocol: the same ingest, searches, filters, replaces,
+deletes, reloads and dense backfill through the indexer and the retriever, with the real
+encoders (the local backend, and Qdrant's local mode through qdrant-client)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ingest.batch import run_batch
+from ragline.errors import FailedPrecondition, NotFound
+from retriever.backend import Filters, IndexBackend, SearchView
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from retriever.indexer import Indexer, schema_of
+from retriever.qdrant_backend import QdrantBackend
+from retriever.search import Retriever, SearchOptions
+from retriever.store import IndexStore
+from tests.conftest import MANUAL_PAGES
+
+pytestmark = pytest.mark.integration
+
+BACKENDS = ["local", "qdrant"]
+EXTRA_PAGES = [
+    "Appendix A. Spare parts. The gasket kit GK-7 fits every frobnicator built after 2019.",
+    "Appendix B. Noise. At full load the frobnicator emits 41 decibels at one metre.",
+]
+
+
+def open_backend(
+    kind: str, folder: Path, encoder: SpladeEncoder, dense: DenseEncoder | None
+) -> IndexBackend:
+    schema = schema_of(encoder, dense)
+    if kind == "local":
+        return IndexStore(folder / "local", schema)
+    return QdrantBackend(schema, path=folder / "qdrant", collection="manuals")
+
+
+def close(backend: IndexBackend) -> None:
+    if isinstance(backend, QdrantBackend):
+        backend.close()  # local mode: one client per folder at a time
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_backend_indexes_searches_filters_replaces_and_deletes(
+    kind: str,
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+    make_pdf: Callable[..., Path],
+) -> None:
+    backend = open_backend(kind, tmp_path, encoder, dense_encoder)
+    indexer = Indexer(backend, encoder, dense_encoder)
+    assert indexer.load().generation == 0 and indexer.view.count() == 0
+    assert isinstance(backend, IndexBackend) and isinstance(backend.view, SearchView)
+    report = run_batch(
+        [make_pdf("manual.pdf", MANUAL_PAGES), make_pdf("parts.pdf", EXTRA_PAGES)],
+        indexer,
+        progress=False,
+    )
+    assert [r.status for r in report.results] == ["ingested", "ingested"]
+    view = backend.view
+    assert view.generation == 2 and view.has_dense
+    chunks = backend.documents()
+    assert set(chunks) == {"manual", "parts"}
+    assert backend.collection_of("parts") == "default" and backend.content_hash_of("x") is None
+
+    retriever = Retriever(backend, encoder, dense_encoder)
+    for mode in ("sparse", "dense", "hybrid"):
+        result = await retriever.search(
+            "Which variable locates the site configuration file?", 3, SearchOptions(mode=mode)
+        )
+        assert 3 in result.hits[0].chunk.pages, mode
+        assert all("sparse" in h.stage_scores for h in result.hits), mode
+    only_parts = SearchOptions(mode="hybrid", doc_ids=("parts",))
+    result = await retriever.search("configuration file location", 3, only_parts)
+    assert result.hits and {h.chunk.doc_id for h in result.hits} == {"parts"}
+    with pytest.raises(NotFound):
+        await retriever.search("gasket", 3, SearchOptions(doc_ids=("nope",)))
+    explained = await retriever.search("gasket kit", 1, SearchOptions(mode="sparse", explain=True))
+    assert explained.hits[0].chunk.doc_id == "parts" and explained.hits[0].terms
+
+    before = backend.view.generation
+    make_pdf("parts.pdf", [EXTRA_PAGES[0]])  # replaced: the noise appendix is gone
+    assert run_batch([tmp_path / "parts.pdf"], indexer, progress=False).results[0].status == (
+        "replaced"
+    )
+    assert backend.view.generation == before + 1
+    noise = await retriever.search("decibels at full load", 3, SearchOptions(mode="sparse"))
+    assert all("41 decibels" not in h.chunk.text for h in noise.hits)
+    assert backend.delete("parts") >= 1
+    with pytest.raises(NotFound):
+        backend.delete("parts")
+    gone = await retriever.search("gasket kit", 3, SearchOptions(mode="hybrid"))
+    assert all(h.chunk.doc_id == "manual" for h in gone.hits)
+
+    generation = backend.view.generation
+    close(backend)
+    again = open_backend(kind, tmp_path, encoder, dense_encoder)
+    assert again.load().generation == generation and set(again.documents()) == {"manual"}
+    result = await Retriever(again, encoder, dense_encoder).search(
+        "How many concurrent connections?", 1, SearchOptions(mode="dense")
+    )
+    assert 4 in result.hits[0].chunk.pages
+    close(again)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_backend_built_without_vectors_is_embedded_once(
+    kind: str,
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+    make_pdf: Callable[..., Path],
+) -> None:
+    sparse_only = open_backend(kind, tmp_path, encoder, None)
+    indexer = Indexer(sparse_only, encoder)
+    indexer.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], indexer, progress=False)
+    assert not sparse_only.view.has_dense
+    close(sparse_only)
+
+    backend = open_backend(kind, tmp_path, encoder, dense_encoder)
+    assert backend.load().generation == 1 and backend.dense_missing
+    with_dense = Indexer(backend, encoder, dense_encoder)
+    view = with_dense.load()
+    assert view.has_dense and not backend.dense_missing and view.generation == 2
+    question = dense_encoder.encode_query("Where is the file that configures the whole site?")
+    top = view.search_dense(question, 1, Filters())[0][0]
+    assert 3 in top.pages
+    close(backend)
+
+
+def test_a_qdrant_collection_of_another_sparse_model_is_refused(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    backend = open_backend("qdrant", tmp_path, encoder, None)
+    indexer = Indexer(backend, encoder)
+    indexer.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES[:1])], indexer, progress=False)
+    close(backend)
+    other = SpladeEncoder("some/other-splade")
+    other._model, other._parts = encoder.model, encoder._parts
+    refused = open_backend("qdrant", tmp_path, other, None)
+    with pytest.raises(FailedPrecondition, match="re-ingest"):
+        refused.load()
+    close(refused)
