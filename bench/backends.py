@@ -1,12 +1,14 @@
-"""Benchmark the index backends on the same encoded chunks: local vs Qdrant (local mode).
+"""Benchmark the index backends on the same encoded chunks: local vs Qdrant (embedded engine,
+and qdrant-client's pure-Python local mode).
 
     python bench/backends.py [--index-dir var/index] [--questions ../shared/eval/dev.jsonl]
 
 Copies every document of a local index (its stored SPLADE rows and MiniLM vectors, nothing
-re-encoded) into a Qdrant collection in Qdrant's local mode (``qdrant-client``, no server),
-timing the build, then runs the questions through ``Retriever`` on both backends in each mode
-(sparse, dense, hybrid; no cache; the same query vectors) and reports per backend and mode:
-the index search's p50 / p99 (query encoding excluded: it is the same for both), Recall@10
+re-encoded) into Qdrant twice, timing each build: Qdrant's engine embedded in the process
+(``qdrant-edge-py``) and ``qdrant-client``'s local mode (no server either), then runs the
+questions through ``Retriever`` on every backend in each mode (sparse, dense, hybrid; no cache;
+the same query vectors) and reports per backend and mode: the index search's p50 / p99 (query
+encoding excluded: it is the same for all), Recall@10
 (a gold page of an answerable question among the top 10's pages, in its document), and
 memory (the local backend's bytes per chunk; Qdrant's folder on disk). Also Qdrant's own
 server-side hybrid (prefetch both, RRF) as a row.
@@ -33,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from retriever.backend import Filters, IndexBackend  # noqa: E402
-from retriever.qdrant_backend import QdrantBackend  # noqa: E402
+from retriever.qdrant_backend import QdrantBackend, QdrantMode  # noqa: E402
 from retriever.search import Retriever, SearchOptions  # noqa: E402
 from services.server import build_local_indexer  # noqa: E402
 from services.settings import Settings  # noqa: E402
@@ -92,40 +94,18 @@ def server_side_rrf(
     k: int,
 ) -> dict[str, Any]:
     """Qdrant's own hybrid: both searches prefetched to depth 50, fused by RRF in one call."""
-    from qdrant_client import models
-
     assert retriever.dense is not None
     times, found = [], 0
     for question, gold in questions:
         sparse = retriever.sparse.encode_query(question)
         dense = retriever.dense.encode_query(question)
         started = time.perf_counter()
-        response = backend.client.query_points(
-            backend.collection,
-            prefetch=[
-                models.Prefetch(
-                    query=models.SparseVector(
-                        indices=list(sparse.indices), values=list(sparse.values)
-                    ),
-                    using="sparse",
-                    limit=50,
-                ),
-                models.Prefetch(query=dense.tolist(), using="dense", limit=50),
-            ],
-            query=models.FusionQuery(fusion=models.Fusion.RRF),
-            limit=k,
-            with_payload=["doc_id", "pages"],
-        )
+        hits = backend.hybrid_rrf(sparse, dense, 50, k, Filters())
         times.append((time.perf_counter() - started) * 1000)
-        pages = {
-            (p.payload["doc_id"], int(page))
-            for p in response.points
-            if p.payload
-            for page in p.payload["pages"]
-        }
+        pages = {(c.doc_id, p) for c, _ in hits for p in c.pages}
         found += bool(pages & gold)
     return {
-        "mode": "hybrid, Qdrant's server-side RRF",
+        "mode": "hybrid, Qdrant's prefetch + RRF",
         "search_p50_ms": round(percentile(times, 0.5), 3),
         "search_p99_ms": round(percentile(times, 0.99), 3),
         "recall_at_10": round(found / len(questions), 4),
@@ -160,43 +140,57 @@ async def main() -> int:
     if not questions:
         raise SystemExit("no question's documents are in this index")
 
-    folder = Path(tempfile.mkdtemp(prefix="ragline-qdrant-"))
-    qdrant = QdrantBackend(
-        store.schema, path=folder, collection="bench", hnsw_m=32, ef_construction=200
-    )
-    qdrant.load()
-    started = time.perf_counter()
-    for doc_id, (content_hash, chunks) in docs.items():
-        encoded, vectors = store.encoded(doc_id)
-        qdrant.put_encoded(doc_id, content_hash, chunks, encoded, vectors)
-    build_s = time.perf_counter() - started
-    n_chunks = store.view.count()
-    print(f"copied {len(docs)} documents, {n_chunks} chunks in {build_s:.1f} s", file=sys.stderr)
-
     rows: list[dict[str, Any]] = []
-    backends: list[tuple[str, IndexBackend]] = [("local", store), ("qdrant (local mode)", qdrant)]
+    backends: list[tuple[str, IndexBackend]] = [("local", store)]
+    builds: dict[str, float] = {}
+    folders: dict[str, Path] = {}
+    transports: list[tuple[QdrantMode, str]] = [
+        ("edge", "Qdrant embedded (qdrant-edge)"),
+        ("client", "qdrant-client local mode"),
+    ]
+    for mode, label in transports:
+        folder = folders[label] = Path(tempfile.mkdtemp(prefix=f"ragline-qdrant-{mode}-"))
+        qdrant = QdrantBackend(
+            store.schema, path=folder, mode=mode, collection="bench", hnsw_m=32, ef_construction=200
+        )
+        qdrant.load()
+        started = time.perf_counter()
+        for doc_id, (content_hash, chunks) in docs.items():
+            encoded, vectors = store.encoded(doc_id)
+            qdrant.put_encoded(doc_id, content_hash, chunks, encoded, vectors)
+        builds[label] = round(time.perf_counter() - started, 2)
+        backends.append((label, qdrant))
+        print(f"{label}: copied {len(docs)} documents in {builds[label]} s", file=sys.stderr)
+    n_chunks = store.view.count()
+
     for name, backend in backends:
         retriever = Retriever(backend, local.sparse, local.dense)
-        for mode in MODES:
-            row = await run_mode(retriever, mode, questions, args.k)
+        for search_mode in MODES:
+            row = await run_mode(retriever, search_mode, questions, args.k)
             rows.append({"backend": name, **row})
         if isinstance(backend, QdrantBackend):
             rows.append({"backend": name, **server_side_rrf(backend, retriever, questions, args.k)})
+    edge = backends[1][1]
     filtered = Filters(doc_ids=(sorted(known)[0],))
     checks = {
-        "same_count": store.view.count() == qdrant.view.count(),
+        "same_count": all(store.view.count() == b.view.count() for _, b in backends),
         "filtered_hits_in_filter": all(
             c.doc_id == filtered.doc_ids[0]
-            for c, _ in qdrant.view.search_sparse(
+            for c, _ in edge.view.search_sparse(
                 local.sparse.encode_query(questions[0][0]), 10, filtered
             )
         ),
     }
     memory = {
         "local_bytes_per_chunk": {k: round(v) for k, v in store.stats().items()},
-        "qdrant_disk_bytes_per_chunk": round(folder_bytes(folder) / max(n_chunks, 1)),
+        **{
+            f"{label} disk bytes per chunk": round(folder_bytes(f) / max(n_chunks, 1))
+            for label, f in folders.items()
+        },
     }
-    qdrant.close()
+    for _, backend in backends[1:]:
+        if isinstance(backend, QdrantBackend):
+            backend.close()
 
     print(f"\n{n_chunks} chunks, {len(questions)} answerable questions, k={args.k}")
     print("| backend | mode | search p50 | search p99 | R@10 |")
@@ -206,14 +200,14 @@ async def main() -> int:
             f"| {row['backend']} | {row['mode']} | {row['search_p50_ms']} ms | "
             f"{row['search_p99_ms']} ms | {row['recall_at_10']} |"
         )
-    print(f"qdrant build (copy of the encoded rows): {build_s:.1f} s; memory: {memory}")
+    print(f"build (copy of the encoded rows): {builds}; memory: {memory}")
     report = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "index_dir": str(args.index_dir),
         "chunks": n_chunks,
         "documents": len(docs),
         "questions": len(questions),
-        "qdrant_build_s": round(build_s, 2),
+        "build_s": builds,
         "rows": rows,
         "memory": memory,
         "checks": checks,

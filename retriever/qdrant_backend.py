@@ -7,9 +7,10 @@ chunk itself as payload, with keyword payload indexes on ``doc_id``, ``kind`` an
 that encoded it and the index generation, which every write bumps, so the Redis cache stays
 generation-safe as with the local backend.
 
-One mapping, two transports, both through ``qdrant-client``: a cluster URL
-(``RAGLINE_RETRIEVER_QDRANT_URL``), or Qdrant's local mode in a folder (no server; for tests
-and small indexes). What differs from the local backend:
+One mapping, three places to keep it (``retriever/qdrant_transport.py``): a Qdrant server
+(``RAGLINE_RETRIEVER_QDRANT_URL``, through ``qdrant-client``), Qdrant's engine embedded in the
+process (``qdrant-edge-py``, a shard in a folder: ``RAGLINE_RETRIEVER_QDRANT_MODE=edge``), or
+``qdrant-client``'s local mode (pure Python; for tests). What differs from the local backend:
 
 - a write is not one atomic snapshot: a replaced document's new points are written before its
   old ones are deleted, so a search in between may see both; the generation moves after both;
@@ -26,7 +27,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -34,15 +35,15 @@ import scipy.sparse as sp
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, named
 from ragline.types import Chunk, SparseVector
 from retriever.backend import Filters, IndexSchema
+from retriever.qdrant_transport import ClientTransport, EdgeTransport, PointRow, Transport
 from retriever.store import check_encoded
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
 UPSERT_BATCH = 256
-SCROLL_PAGE = 1024
 _ID_NAMESPACE = uuid.UUID("8d0d5f8e-4c52-4a59-9a43-2f8f3f1c8a11")
-PAYLOAD_INDEXES = ("doc_id", "kind", "collection")
+QdrantMode = Literal["edge", "client"]
 
 
 def point_id(chunk_id: str) -> str:
@@ -111,9 +112,7 @@ class QdrantView:
     ) -> list[tuple[Chunk, float]]:
         if k <= 0 or not query.indices:
             return []
-        from qdrant_client import models
-
-        vector = models.SparseVector(indices=list(query.indices), values=list(query.values))
+        vector = (list(query.indices), list(query.values))
         found = self._backend.query(vector, "sparse", k, filters)
         return [(c, s) for c, s in found if s > 0]
 
@@ -154,9 +153,11 @@ class QdrantBackend:
     Args:
         schema: The models whose rows it holds; a collection written by another SPLADE model is
             refused, one without vectors of the configured dense model loads without them.
-        url: A Qdrant server (``http://host:6333``); empty: local mode in ``path``.
-        path: The local-mode folder (one process at a time may open it).
-        collection: The collection's name.
+        url: A Qdrant server (``http://host:6333``); empty: a folder, ``path``.
+        path: The folder of an embedded index (one process at a time may open it).
+        mode: With ``path``: ``edge`` (Qdrant's engine in the process, ``qdrant-edge-py``) or
+            ``client`` (``qdrant-client``'s pure-Python local mode).
+        collection: The collection's name (a server holds many).
     """
 
     name = "qdrant"
@@ -167,31 +168,31 @@ class QdrantBackend:
         *,
         url: str = "",
         path: str | Path | None = None,
+        mode: QdrantMode = "edge",
         collection: str = "ragline",
         api_key: str = "",
         hnsw_m: int = 32,
         ef_construction: int = 200,
         ef_search: int = 64,
         timeout_s: int = 10,
-        client: Any = None,
     ) -> None:
-        from qdrant_client import QdrantClient
-
-        if client is None and not url and path is None:
+        if not url and path is None:
             raise InvalidArgument("qdrant backend: a url or a local path is needed")
         self.schema = schema
         self.collection = collection
         self.hnsw_m = hnsw_m
         self.ef_construction = ef_construction
         self.ef_search = ef_search
-        if client is not None:
-            self.client = client
-        elif url:
-            self.client = QdrantClient(url=url, api_key=api_key or None, timeout=timeout_s)
-        else:
+        self.transport: Transport
+        if url:
+            self.transport = ClientTransport(
+                collection, url=url, api_key=api_key, timeout_s=timeout_s
+            )
+        elif mode == "edge":
             assert path is not None
-            Path(path).mkdir(parents=True, exist_ok=True)
-            self.client = QdrantClient(path=str(path))
+            self.transport = EdgeTransport(Path(path) / collection)
+        else:
+            self.transport = ClientTransport(collection, path=Path(path or "."))
         self._lock = threading.Lock()
         self._meta: dict[str, Any] = {}
         self._view: QdrantView | None = None
@@ -245,9 +246,10 @@ class QdrantBackend:
 
     def documents(self) -> dict[str, tuple[str, tuple[Chunk, ...]]]:
         grouped: dict[str, tuple[str, list[Chunk]]] = {}
-        for payload in self._scroll(None, with_payload=True):
-            entry = grouped.setdefault(payload["doc_id"], (payload["content_hash"], []))
-            entry[1].append(_chunk_of(payload))
+        if self.transport.exists():
+            for _, payload in self.transport.scroll():
+                entry = grouped.setdefault(payload["doc_id"], (payload["content_hash"], []))
+                entry[1].append(_chunk_of(payload))
         return {
             d: (h, tuple(sorted(chunks, key=lambda c: c.ordinal)))
             for d, (h, chunks) in grouped.items()
@@ -258,10 +260,11 @@ class QdrantBackend:
         asks once per generation)."""
         docs: dict[str, set[str]] = {}
         chunks: dict[str, int] = {}
-        for payload in self._scroll(None, with_payload=["doc_id", "collection"]):
-            name = payload.get("collection", "default")
-            docs.setdefault(name, set()).add(payload["doc_id"])
-            chunks[name] = chunks.get(name, 0) + 1
+        if self.transport.exists():
+            for _, payload in self.transport.scroll(payload=["doc_id", "collection"]):
+                name = payload.get("collection", "default")
+                docs.setdefault(name, set()).add(payload["doc_id"])
+                chunks[name] = chunks.get(name, 0) + 1
         return {c: (len(docs[c]), chunks[c]) for c in chunks}
 
     def stats(self) -> dict[str, float]:
@@ -277,8 +280,6 @@ class QdrantBackend:
         vectors: np.ndarray | None = None,
     ) -> None:
         rows, vectors = check_encoded(self.schema, doc_id, chunks, rows, vectors)
-        from qdrant_client import models
-
         with self._lock:
             if vectors is not None and self.dense_missing:
                 raise FailedPrecondition(
@@ -287,27 +288,18 @@ class QdrantBackend:
                 )
             self._ensure_collection(vectors.shape[1] if vectors is not None else None)
             old = set(self._point_ids(doc_id))
-            points = []
+            points: list[PointRow] = []
             for n, chunk in enumerate(chunks):
-                row = rows.getrow(n)
-                vector: dict[str, Any] = {
-                    "sparse": models.SparseVector(
-                        indices=row.indices.tolist(), values=row.data.tolist()
-                    )
-                }
-                if vectors is not None:
-                    vector["dense"] = vectors[n].tolist()
+                start, end = rows.indptr[n], rows.indptr[n + 1]
+                sparse = (rows.indices[start:end].tolist(), rows.data[start:end].tolist())
+                dense = vectors[n].tolist() if vectors is not None else None
                 payload = asdict(chunk) | {"content_hash": content_hash}
-                points.append(
-                    models.PointStruct(id=point_id(chunk.chunk_id), vector=vector, payload=payload)
-                )
+                points.append((point_id(chunk.chunk_id), sparse, dense, payload))
             for start in range(0, len(points), UPSERT_BATCH):
-                self.client.upsert(self.collection, points[start : start + UPSERT_BATCH], wait=True)
-            stale = sorted(old - {p.id for p in points})
+                self.transport.upsert(points[start : start + UPSERT_BATCH])
+            stale = sorted(old - {p[0] for p in points})
             if stale:
-                self.client.delete(
-                    self.collection, points_selector=models.PointIdsList(points=stale), wait=True
-                )
+                self.transport.delete_ids(stale)
             self._bump()
 
     def delete(self, doc_id: str) -> int:
@@ -315,145 +307,100 @@ class QdrantBackend:
             ids = self._point_ids(doc_id)
             if not ids:
                 raise NotFound(f"no document with id {doc_id!r}")
-            from qdrant_client import models
-
-            self.client.delete(
-                self.collection, points_selector=models.PointIdsList(points=ids), wait=True
-            )
+            self.transport.delete_ids(ids)
             self._bump()
             return len(ids)
 
     def set_dense(self, expected: dict[str, str], vectors: dict[str, np.ndarray]) -> None:
         if not self.dense_enabled:
             raise FailedPrecondition("dense retrieval is off: no vectors to set")
-        from qdrant_client import models
-
         with self._lock:
             docs = self.documents()
             if {d: h for d, (h, _) in docs.items()} != expected:
                 raise FailedPrecondition("the index changed while it was being embedded")
-            checked = {
-                d: check_encoded(
-                    self.schema,
-                    d,
-                    chunks,
-                    sp.csr_matrix((len(chunks), self.schema.vocab_size)),
-                    vectors.get(d),
-                )[1]
-                for d, (_, chunks) in docs.items()
-            }
-            dim = next((v.shape[1] for v in checked.values() if v is not None and v.size), None)
-            if dim is not None and "dense" not in self._vector_names():
+            empty = sp.csr_matrix((0, self.schema.vocab_size))
+            checked: dict[str, np.ndarray] = {}
+            for d, (_, chunks) in docs.items():
+                rows = sp.csr_matrix((len(chunks), self.schema.vocab_size)) if chunks else empty
+                block = check_encoded(self.schema, d, chunks, rows, vectors.get(d))[1]
+                assert block is not None
+                checked[d] = block
+            dim = next((v.shape[1] for v in checked.values() if v.size), None)
+            if dim is not None and not self.transport.has_dense():
                 # A collection created with dense retrieval off gets the named vector now
                 # (with the collection's HNSW settings: a late vector takes no others).
-                self.client.create_vector_name(
-                    self.collection,
-                    "dense",
-                    models.DenseVectorNameConfig(
-                        dense=models.DenseVectorConfig(size=dim, distance=models.Distance.COSINE)
-                    ),
-                )
+                self.transport.add_dense(dim)
             for d, (_, chunks) in docs.items():
-                block = checked[d]
-                assert block is not None
-                updates = [
-                    models.PointVectors(
-                        id=point_id(c.chunk_id), vector={"dense": block[n].tolist()}
-                    )
-                    for n, c in enumerate(chunks)
+                pairs = [
+                    (point_id(c.chunk_id), checked[d][n].tolist()) for n, c in enumerate(chunks)
                 ]
-                for start in range(0, len(updates), UPSERT_BATCH):
-                    self.client.update_vectors(
-                        self.collection, updates[start : start + UPSERT_BATCH], wait=True
-                    )
+                for start in range(0, len(pairs), UPSERT_BATCH):
+                    self.transport.set_dense(pairs[start : start + UPSERT_BATCH])
             self._bump(dense_model_id=self.schema.dense_model_id)
 
     def close(self) -> None:
-        self.client.close()
+        self.transport.close()
 
     # -- helpers the view uses -------------------------------------------------------------
-    def query(self, vector: Any, using: str, k: int, filters: Filters) -> list[tuple[Chunk, float]]:
-        if not self._exists():
+    def query(
+        self,
+        vector: tuple[list[int], list[float]] | list[float],
+        using: str,
+        k: int,
+        filters: Filters,
+    ) -> list[tuple[Chunk, float]]:
+        if not self.transport.exists():
             return []
-        from qdrant_client import models
+        found = self.transport.query(using, vector, k, filters, max(self.ef_search, k))
+        return [(_chunk_of(payload), score) for payload, score in found]
 
-        params = models.SearchParams(hnsw_ef=max(self.ef_search, k)) if using == "dense" else None
-        response = self.client.query_points(
-            self.collection,
-            query=vector,
-            using=using,
-            limit=k,
-            query_filter=self._filter(filters),
-            search_params=params,
-            with_payload=True,
+    def hybrid_rrf(
+        self, sparse: SparseVector, dense: np.ndarray, depth: int, k: int, filters: Filters
+    ) -> list[tuple[Chunk, float]]:
+        """Qdrant's own hybrid: both searches prefetched to ``depth``, fused by RRF."""
+        if not self.transport.exists():
+            return []
+        found = self.transport.hybrid_rrf(
+            (list(sparse.indices), list(sparse.values)), dense.tolist(), depth, k, filters
         )
-        return [(_chunk_of(p.payload or {}), float(p.score)) for p in response.points]
+        return [(_chunk_of(payload), score) for payload, score in found]
 
     def has(self, key: str, value: str) -> bool:
-        if not self._exists():
-            return False
-        from qdrant_client import models
-
-        match = models.Filter(
-            must=[models.FieldCondition(key=key, match=models.MatchValue(value=value))]
-        )
-        return bool(self.client.count(self.collection, count_filter=match, exact=True).count)
+        return self.transport.exists() and self.transport.count(key, value) > 0
 
     def sparse_rows(self, chunk_ids: Sequence[str]) -> dict[str, tuple[list[int], list[float]]]:
-        if not chunk_ids or not self._exists():
+        if not chunk_ids or not self.transport.exists():
             return {}
-        points = self.client.retrieve(
-            self.collection,
-            [point_id(c) for c in chunk_ids],
-            with_payload=["chunk_id"],
-            with_vectors=["sparse"],
-        )
-        out = {}
-        for p in points:
-            vector = (p.vector or {}).get("sparse")
-            if vector is not None and p.payload:
-                out[p.payload["chunk_id"]] = (list(vector.indices), list(vector.values))
-        return out
+        found = self.transport.retrieve([point_id(c) for c in chunk_ids], ["chunk_id"], True)
+        return {p["chunk_id"]: row for p, row in found if row is not None and "chunk_id" in p}
 
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> dict[str, Chunk]:
-        if not chunk_ids or not self._exists():
+        if not chunk_ids or not self.transport.exists():
             return {}
-        points = self.client.retrieve(
-            self.collection, [point_id(c) for c in chunk_ids], with_payload=True
-        )
-        chunks = [_chunk_of(p.payload) for p in points if p.payload]
+        found = self.transport.retrieve([point_id(c) for c in chunk_ids], True, False)
+        chunks = [_chunk_of(p) for p, _ in found if p]
         return {c.chunk_id: c for c in chunks}
 
     # -- internals ---------------------------------------------------------------------------
-    def _exists(self) -> bool:
-        return bool(self.client.collection_exists(self.collection))
-
     def _read_meta(self) -> dict[str, Any]:
-        if not self._exists():
+        if not self.transport.exists():
             return {}
-        meta = self.client.get_collection(self.collection).config.metadata or {}
+        meta = self.transport.metadata()
         if meta and meta.get("format") != FORMAT:
             raise FailedPrecondition(
                 f"Qdrant collection {self.collection!r}: not a ragline index (format "
                 f"{meta.get('format')!r})"
             )
-        return dict(meta)
-
-    def _vector_names(self) -> set[str]:
-        vectors = self.client.get_collection(self.collection).config.params.vectors
-        return set(vectors) if isinstance(vectors, dict) else set()
+        return meta
 
     def _ensure_collection(self, dim: int | None) -> None:
-        if self._exists():
+        if self.transport.exists():
             return
-        from qdrant_client import models
-
-        dense = {"dense": self._dense_params(dim)} if dim is not None else {}
-        self.client.create_collection(
-            self.collection,
-            vectors_config=dense,
-            sparse_vectors_config={"sparse": models.SparseVectorParams()},
-            metadata={
+        self.transport.create(
+            dim,
+            self.hnsw_m,
+            self.ef_construction,
+            {
                 "format": FORMAT,
                 "generation": 0,
                 "sparse_model_id": self.schema.sparse_model_id,
@@ -461,84 +408,24 @@ class QdrantBackend:
                 "dense_model_id": self.schema.dense_model_id if dim is not None else None,
             },
         )
-        for key in PAYLOAD_INDEXES:
-            self.client.create_payload_index(
-                self.collection, key, field_schema=models.PayloadSchemaType.KEYWORD
-            )
         self._meta = self._read_meta()
-
-    def _dense_params(self, dim: int) -> Any:
-        from qdrant_client import models
-
-        return models.VectorParams(
-            size=dim,
-            distance=models.Distance.COSINE,
-            hnsw_config=models.HnswConfigDiff(m=self.hnsw_m, ef_construct=self.ef_construction),
-        )
 
     def _bump(self, **changes: Any) -> None:
         generation = int(self._read_meta().get("generation", 0)) + 1
-        self.client.update_collection(
-            self.collection, metadata={"generation": generation, **changes}
-        )
+        self.transport.update_metadata({"generation": generation, **changes})
         self._meta = self._read_meta()
         self._view = QdrantView(self, generation, self._count())
 
     def _count(self) -> int:
-        if not self._exists():
-            return 0
-        return int(self.client.count(self.collection, exact=True).count)
-
-    def _filter(self, filters: Filters) -> Any:
-        if filters.empty:
-            return None
-        from qdrant_client import models
-
-        must = [
-            models.FieldCondition(key=key, match=models.MatchAny(any=sorted(set(values))))
-            for key, values in (
-                ("doc_id", filters.doc_ids),
-                ("kind", filters.kinds),
-                ("collection", filters.collections),
-            )
-            if values
-        ]
-        return models.Filter(must=must)
-
-    def _doc_filter(self, doc_id: str) -> Any:
-        from qdrant_client import models
-
-        return models.Filter(
-            must=[models.FieldCondition(key="doc_id", match=models.MatchValue(value=doc_id))]
-        )
+        return self.transport.count() if self.transport.exists() else 0
 
     def _first_payload(self, doc_id: str) -> dict[str, Any] | None:
-        if not self._exists():
+        if not self.transport.exists():
             return None
-        points, _ = self.client.scroll(
-            self.collection, scroll_filter=self._doc_filter(doc_id), limit=1, with_payload=True
-        )
-        return dict(points[0].payload or {}) if points else None
+        found = self.transport.scroll("doc_id", doc_id)
+        return found[0][1] if found else None
 
     def _point_ids(self, doc_id: str) -> list[str]:
-        if not self._exists():
+        if not self.transport.exists():
             return []
-        return [str(p) for p in self._scroll(self._doc_filter(doc_id), with_payload=False)]
-
-    def _scroll(self, scroll_filter: Any, *, with_payload: bool | list[str]) -> list[Any]:
-        """Every matching point's payload (or id, without payload)."""
-        if not self._exists():
-            return []
-        out: list[Any] = []
-        offset = None
-        while True:
-            points, offset = self.client.scroll(
-                self.collection,
-                scroll_filter=scroll_filter,
-                limit=SCROLL_PAGE,
-                offset=offset,
-                with_payload=with_payload,
-            )
-            out += [p.payload if with_payload else p.id for p in points]
-            if offset is None:
-                return out
+        return [i for i, _ in self.transport.scroll("doc_id", doc_id, payload=False)]

@@ -118,6 +118,7 @@ def build_indexer(settings: Settings) -> Indexer[IndexBackend]:
         schema_of(encoder, dense_encoder),
         url=r.qdrant_url,
         path=None if r.qdrant_url else r.index_dir / "qdrant",
+        mode=r.qdrant_mode,
         collection=r.qdrant_collection,
         api_key=r.qdrant_api_key,
         hnsw_m=r.hnsw_m,

@@ -209,10 +209,15 @@ class RetrieverSettings(BaseSettings):
     backend: Literal["local", "qdrant"] = Field(
         "local",
         description="Where the index lives: local (snapshots under index_dir: exact or Seismic "
-        "sparse, FAISS HNSW) or qdrant (a Qdrant collection: qdrant_url, or Qdrant's local mode "
-        "under index_dir/qdrant when empty).",
+        "sparse, FAISS HNSW) or qdrant (a Qdrant collection: qdrant_url, or, when empty, an "
+        "embedded one under index_dir/qdrant).",
     )
     qdrant_url: str = Field("", description="Qdrant server URL (backend=qdrant).")
+    qdrant_mode: Literal["edge", "client"] = Field(
+        "edge",
+        description="Without qdrant_url: edge (Qdrant's engine embedded in the process, "
+        "qdrant-edge-py) or client (qdrant-client's pure-Python local mode, for tests).",
+    )
     qdrant_collection: str = Field(
         "ragline", min_length=1, max_length=255, description="Qdrant collection name."
     )

@@ -1,6 +1,7 @@
-"""Both index backends behind one protocol: the same ingest, searches, filters, replaces,
+"""The index backends behind one protocol: the same ingest, searches, filters, replaces,
 deletes, reloads and dense backfill through the indexer and the retriever, with the real
-encoders (the local backend, and Qdrant's local mode through qdrant-client)."""
+encoders: the local backend, Qdrant's engine embedded (qdrant-edge-py), and the same Qdrant
+mapping through qdrant-client's local mode (the transport a Qdrant server gets)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from ragline.errors import FailedPrecondition, NotFound
 from retriever.backend import Filters, IndexBackend, SearchView
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.indexer import Indexer, schema_of
-from retriever.qdrant_backend import QdrantBackend
+from retriever.qdrant_backend import QdrantBackend, QdrantMode
 from retriever.search import Retriever, SearchOptions
 from retriever.store import IndexStore
 from tests.conftest import MANUAL_PAGES
 
 pytestmark = pytest.mark.integration
 
-BACKENDS = ["local", "qdrant"]
+BACKENDS = ["local", "edge", "client"]
 EXTRA_PAGES = [
     "Appendix A. Spare parts. The gasket kit GK-7 fits every frobnicator built after 2019.",
     "Appendix B. Noise. At full load the frobnicator emits 41 decibels at one metre.",
@@ -34,7 +35,8 @@ def open_backend(
     schema = schema_of(encoder, dense)
     if kind == "local":
         return IndexStore(folder / "local", schema)
-    return QdrantBackend(schema, path=folder / "qdrant", collection="manuals")
+    mode: QdrantMode = "edge" if kind == "edge" else "client"
+    return QdrantBackend(schema, path=folder / "qdrant", mode=mode, collection="manuals")
 
 
 def close(backend: IndexBackend) -> None:
@@ -132,17 +134,18 @@ def test_a_backend_built_without_vectors_is_embedded_once(
     close(backend)
 
 
+@pytest.mark.parametrize("kind", ["edge", "client"])
 def test_a_qdrant_collection_of_another_sparse_model_is_refused(
-    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+    kind: str, tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:
-    backend = open_backend("qdrant", tmp_path, encoder, None)
+    backend = open_backend(kind, tmp_path, encoder, None)
     indexer = Indexer(backend, encoder)
     indexer.load()
     run_batch([make_pdf("manual.pdf", MANUAL_PAGES[:1])], indexer, progress=False)
     close(backend)
     other = SpladeEncoder("some/other-splade")
     other._model, other._parts = encoder.model, encoder._parts
-    refused = open_backend("qdrant", tmp_path, other, None)
+    refused = open_backend(kind, tmp_path, other, None)
     with pytest.raises(FailedPrecondition, match="re-ingest"):
         refused.load()
     close(refused)
