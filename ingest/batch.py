@@ -428,6 +428,11 @@ def parse_path(
 
 
 ParseFn = Callable[[str, ChunkerConfig | None, PdfLimits | None, str], Parsed | str]
+ParseEngine = Callable[
+    [Sequence["_Job"], ChunkerConfig | None, PdfLimits | None, str],
+    Iterator[tuple["_Job", Parsed | str]],
+]
+"""Parses the planned jobs elsewhere (``services.ray_ingest``), yielding each with its outcome."""
 
 
 @dataclass(slots=True)
@@ -490,6 +495,7 @@ def run_batch(
     memory_limit_mb: int = 4096,
     parse: ParseFn | None = None,
     replace_other_paths: bool = False,
+    parse_engine: ParseEngine | None = None,
 ) -> IngestReport:
     """Ingest files and directories into ``sink``, with a progress bar and a final report.
 
@@ -506,7 +512,8 @@ def run_batch(
     one. Within a batch the second is refused; across batches a file whose id is held by a
     document ingested from another path that still exists is refused too (it would silently
     replace that document), unless ``replace_other_paths``. A document whose old path is gone
-    (the folder moved) is replaced as usual.
+    (the folder moved) is replaced as usual. ``parse_engine`` parses the planned files
+    elsewhere instead of worker processes (``services.ray_ingest.RayEngine.outcomes``).
     """
     parse = parse or parse_path
     started = time.perf_counter()
@@ -525,10 +532,12 @@ def run_batch(
             jobs.append(planned)
         else:
             report.results.append(planned)
-    if workers <= 0:  # in this process, in file order
-        outcomes: Iterator[tuple[_Job, Parsed | str]] = (
-            (job, parse(str(job.path), chunker, limits, collection)) for job in jobs
+    if parse_engine is not None:
+        outcomes: Iterator[tuple[_Job, Parsed | str]] = parse_engine(
+            jobs, chunker, limits, collection
         )
+    elif workers <= 0:  # in this process, in file order
+        outcomes = ((job, parse(str(job.path), chunker, limits, collection)) for job in jobs)
     else:
         outcomes = _parse_in_workers(
             jobs, parse, chunker, limits, collection, workers, memory_limit_mb

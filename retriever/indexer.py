@@ -90,22 +90,8 @@ class Indexer(Generic[B]):
     def encode(
         self, chunks: Sequence[Chunk], progress: Callable[[int], None] | None = None
     ) -> tuple[sp.csr_matrix, np.ndarray | None]:
-        """SPLADE rows and (dense on) vectors of ``chunks``, in slices of :data:`ENCODE_SLICE`."""
-        texts = [encoding_text(c) for c in chunks]
-        sparse: list[sp.csr_matrix] = []
-        dense: list[np.ndarray] = []
-        for start in range(0, len(texts), ENCODE_SLICE):
-            part = texts[start : start + ENCODE_SLICE]
-            sparse.append(self.sparse.encode_documents(part))
-            if self.dense is not None:
-                dense.append(self.dense.encode_documents(part))
-            if progress is not None:
-                progress(len(part))
-        rows = sp.vstack(sparse, format="csr") if sparse else self.sparse.encode_documents([])
-        vectors = None
-        if self.dense is not None:
-            vectors = np.vstack(dense) if dense else self.dense.encode_documents([])
-        return rows, vectors
+        """SPLADE rows and (dense on) vectors of ``chunks`` (:func:`encode_chunks`)."""
+        return encode_chunks(self.sparse, self.dense, chunks, progress)
 
     def delete(self, doc_id: str) -> int:
         return self.store.delete(doc_id)
@@ -141,6 +127,32 @@ class Indexer(Generic[B]):
                 continue
             return sum(len(chunks) for _, chunks in docs.values())
         raise FailedPrecondition("the index kept changing while it was being embedded")
+
+
+def encode_chunks(
+    sparse_encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder | None,
+    chunks: Sequence[Chunk],
+    progress: Callable[[int], None] | None = None,
+) -> tuple[sp.csr_matrix, np.ndarray | None]:
+    """SPLADE rows and (with a dense encoder) vectors of ``chunks``, encoded in slices of
+    :data:`ENCODE_SLICE`, ``progress`` called after each (the indexer here, and the Ray
+    ingest's encoder actors, share it)."""
+    texts = [encoding_text(c) for c in chunks]
+    sparse: list[sp.csr_matrix] = []
+    dense: list[np.ndarray] = []
+    for start in range(0, len(texts), ENCODE_SLICE):
+        part = texts[start : start + ENCODE_SLICE]
+        sparse.append(sparse_encoder.encode_documents(part))
+        if dense_encoder is not None:
+            dense.append(dense_encoder.encode_documents(part))
+        if progress is not None:
+            progress(len(part))
+    rows = sp.vstack(sparse, format="csr") if sparse else sparse_encoder.encode_documents([])
+    vectors = None
+    if dense_encoder is not None:
+        vectors = np.vstack(dense) if dense else dense_encoder.encode_documents([])
+    return rows, vectors
 
 
 def encoding_text(chunk: Chunk) -> str:

@@ -48,11 +48,17 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     indexer.load()
     store = indexer.store
     i = settings.ingest
+    sink: Any = indexer
+    engine = None
+    if args.engine == "ray":
+        from services.ray_ingest import RayEngine
+
+        sink = engine = RayEngine(indexer, address=args.address, encode_actors=args.encode_actors)
     try:
         collection = check_collection(args.collection)
         report = run_batch(
             args.paths,
-            indexer,
+            sink,
             i.chunker(settings.retriever.splade_model),
             i.pdf_limits(),
             progress=not args.quiet,
@@ -60,9 +66,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             workers=i.workers if args.workers is None else args.workers,
             memory_limit_mb=i.worker_memory_mib,
             replace_other_paths=args.replace_other_paths,
+            parse_engine=engine.outcomes if engine is not None else None,
         )
     except RaglineError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"error: --engine ray needs the [ray] extra ({exc})", file=sys.stderr)
         return 2
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -440,6 +450,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a document's id is its file name's stem: let a file replace a same-named "
         "document ingested from another path that still exists (refused by default)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: parse in worker processes here (default); ray: parse and encode on Ray "
+        "Data (the [ray] extra), a local Ray instance or --address; this process writes the "
+        "index either way",
+    )
+    p.add_argument(
+        "--address",
+        default="",
+        help="with --engine ray: a Ray cluster (ray://host:10001); default: a local instance",
+    )
+    p.add_argument(
+        "--encode-actors",
+        type=int,
+        default=1,
+        help="with --engine ray: encoder actors (each loads the models once; default 1)",
     )
     p.add_argument("--report", help="also write the report (every file, why it failed) as JSON")
     p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")
