@@ -338,6 +338,13 @@ class QdrantBackend:
                     self.transport.set_dense(pairs[start : start + UPSERT_BATCH])
             self._bump(dense_model_id=self.schema.dense_model_id)
 
+    def optimize(self) -> None:
+        """After a batch of writes: the embedded engine builds its HNSW graphs and indexes
+        (a server does so on its own)."""
+        with self._lock:
+            if self.transport.exists():
+                self.transport.optimize()
+
     def close(self) -> None:
         self.transport.close()
 

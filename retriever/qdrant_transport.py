@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,6 +66,10 @@ class Transport(Protocol):
     def retrieve(
         self, ids: Sequence[str], payload: bool | list[str], sparse: bool
     ) -> list[tuple[dict[str, Any], Sparse | None]]: ...
+
+    def optimize(self) -> None:
+        """Build what searches need (HNSW graphs, payload indexes) after a batch of writes."""
+        ...
 
     def close(self) -> None: ...
 
@@ -254,6 +259,9 @@ class ClientTransport:
             out.append((dict(p.payload or {}), row))
         return out
 
+    def optimize(self) -> None:
+        pass  # a server (and the local mode) optimizes on its own
+
     def close(self) -> None:
         self.client.close()
 
@@ -294,6 +302,9 @@ class EdgeTransport:
             vectors=vectors, sparse_vectors={"sparse": q.EdgeSparseVectorParams()}
         )
         self.path.mkdir(parents=True, exist_ok=True)
+        # A shard without its metadata file is a creation that died half-way: nothing in it
+        # was ever served, so it is started again.
+        shutil.rmtree(self.path / "shard", ignore_errors=True)
         self._shard = q.EdgeShard.create(str(self.path / "shard"), config)
         for key in PAYLOAD_INDEXES:
             self._shard.update(
@@ -439,6 +450,10 @@ class EdgeTransport:
             row = (list(vector.indices), list(vector.values)) if vector is not None else None
             out.append((dict(r.payload or {}), row))
         return out
+
+    def optimize(self) -> None:
+        self._shard.optimize()
+        self._shard.flush()
 
     def close(self) -> None:
         if self._shard is not None:

@@ -74,6 +74,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"error: --engine ray needs the [ray] extra ({exc})", file=sys.stderr)
         return 2
+    optimize = getattr(store, "optimize", None)  # the embedded Qdrant engine's index build
+    if optimize is not None and (report.count("ingested") or report.count("replaced")):
+        optimize()
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for result in report.results:
