@@ -77,10 +77,11 @@ def _dot(query: SparseVector, indices: Sequence[int], values: Sequence[float]) -
 class QdrantView:
     """A request's read of the collection at one generation (see the module docstring)."""
 
-    def __init__(self, backend: QdrantBackend, generation: int, size: int) -> None:
+    def __init__(self, backend: QdrantBackend, generation: int, size: int, has_dense: bool) -> None:
         self._backend = backend
         self._generation = generation
         self._size = size
+        self._has_dense = has_dense
 
     @property
     def generation(self) -> int:
@@ -88,7 +89,7 @@ class QdrantView:
 
     @property
     def has_dense(self) -> bool:
-        return self._backend.dense_enabled and not self._backend.dense_missing
+        return self._has_dense  # read once per generation: every request asks
 
     def count(self) -> int:
         return self._size
@@ -225,7 +226,7 @@ class QdrantBackend:
                 f"{self._meta.get('sparse_model_id')!r}, but {self.schema.sparse_model_id!r} is "
                 "configured; re-ingest into a new collection"
             )
-        self._view = QdrantView(self, int(self._meta.get("generation", 0)), self._count())
+        self._view = self._new_view(int(self._meta.get("generation", 0)))
         return self._view
 
     def refresh(self) -> bool:
@@ -421,7 +422,16 @@ class QdrantBackend:
         generation = int(self._read_meta().get("generation", 0)) + 1
         self.transport.update_metadata({"generation": generation, **changes})
         self._meta = self._read_meta()
-        self._view = QdrantView(self, generation, self._count())
+        self._view = self._new_view(generation)
+
+    def _new_view(self, generation: int) -> QdrantView:
+        """The view of a generation: its size and whether its points carry dense vectors of
+        the configured model, counted once here rather than on every search."""
+        size = self._count()
+        has_dense = self.dense_enabled and (
+            size == 0 or self._meta.get("dense_model_id") == self.schema.dense_model_id
+        )
+        return QdrantView(self, generation, size, has_dense)
 
     def _count(self) -> int:
         return self.transport.count() if self.transport.exists() else 0
