@@ -115,6 +115,7 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
             for r in report.results:
                 if r.status == "failed":
                     print(f"ingest failed: {r.source}: {r.reason}", file=sys.stderr)
+            await asyncio.to_thread(gateway.sync_graph)
         yield (
             f"127.0.0.1:{running.port}",
             f"127.0.0.1:{running.internal_port}",
@@ -145,6 +146,7 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
             threshold=options.threshold,
             answers=options.answers,
             mode=options.mode,
+            graph=options.graph,
         )
         rows = await runner.run(questions, progress=options.progress)
     threshold = options.threshold or _applied_threshold(rows, config)
@@ -152,7 +154,7 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
         questions=str(options.questions),
         limit=options.limit,
         mode=options.mode,
-        graph="not built yet (--no-graph has no effect)" if options.graph else "off",
+        graph="on (the server's default)" if options.graph else "off (--no-graph)",
         k=options.k,
         models=dict(stats.models),
         index={

@@ -26,6 +26,7 @@ class Runner:
         answers: bool = True,
         timeout_s: float = 300.0,
         mode: str = "",
+        graph: bool = True,
     ) -> None:
         self.public = ragline_pb2_grpc.RaglineStub(channel)
         # The stage services are served on the server's internal port only.
@@ -43,6 +44,8 @@ class Runner:
         self.options = common_pb2.SearchOptions(
             mode=modes.get(mode, common_pb2.SEARCH_MODE_UNSPECIFIED)
         )
+        if not graph:  # unset: the server's default
+            self.options.graph = False
 
     async def run(self, questions: Sequence[Question], progress: bool = True) -> list[dict]:
         rows = []
@@ -75,6 +78,7 @@ class Runner:
         row["latency_ms"]["retrieve_cache_hit"] = _ms(started)
         row["cache_hit"] = hit.cache_hit
         row["retrieved"] = [_hit_row(h, question) for h in miss.hits]
+        row["graph_hits"] = sum(1 for h in miss.hits[:10] if h.via)
 
         top = list(miss.hits[: self.candidates])
         if top:
@@ -169,6 +173,7 @@ def _hit_row(hit: Any, question: Question) -> dict[str, Any]:
         "source": chunk.source,
         "pages": list(chunk.pages),
         "score": hit.score,
+        "via": hit.via,
         "gold_pages": touched,
         "strict": bool(touched) and contains_answer(chunk.text, question.answers)
         if question.answers

@@ -79,6 +79,8 @@ class Hit:
     stage_scores: dict[str, float] = field(default_factory=dict)
     terms: tuple[tuple[str, float], ...] = ()
     """When explained: the query terms that matched and their score contributions."""
+    via: str = ""
+    """Set when the graph path brought this hit: the relation walked, or the entity named."""
 
 
 @dataclass(frozen=True, slots=True)

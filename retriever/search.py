@@ -36,6 +36,9 @@ class SearchOptions:
     kinds: tuple[str, ...] = ()
     collections: tuple[str, ...] = ()
     explain: bool = False
+    graph: bool = True
+    """Whether the gateway takes the selective graph path (when one is configured). Not part
+    of the cached ranking: the graph's hits are fused after the cache."""
 
     def validate(self) -> SearchOptions:
         if self.mode not in MODES:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,34 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+@contextlib.contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A ``progress(stage, done, total)`` callback drawing a tqdm bar (None when off)."""
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar: Any = None
+
+    def progress(stage: str, done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=stage, unit="unit")
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from ingest.batch import run_batch
     from ragline.errors import RaglineError
     from services.gateway import check_collection
-    from services.server import build_indexer
+    from services.server import build_graph, build_indexer
 
     settings = _settings(args)
     indexer = build_indexer(settings)
@@ -77,6 +101,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     optimize = getattr(store, "optimize", None)  # the embedded Qdrant engine's index build
     if optimize is not None and (report.count("ingested") or report.count("replaced")):
         optimize()
+    graph = build_graph(settings)
+    if graph is not None:  # in step with the index: only new, changed or deleted documents
+        with _progress_bar(not args.quiet) as progress:
+            graph_report = graph.index.sync(store.documents(), progress)
+        print(graph_report.line())
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for result in report.results:
@@ -155,6 +184,8 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
         print(f"    {stages}")
         if hit.terms:
             print("    terms: " + ", ".join(f"{t.term} {t.weight:.2f}" for t in hit.terms))
+        if hit.via:
+            print(f"    graph: {hit.via}")
         print(f"    {snippet}…")
     return 0
 
@@ -511,7 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "retrieve":
             p.add_argument("--no-cache", action="store_true", help="bypass the query cache")
             p.add_argument(
-                "--explain", action="store_true", help="show each hit's matching SPLADE terms"
+                "--explain",
+                action="store_true",
+                help="show each hit's matching SPLADE terms (hits the graph path brought always "
+                "show the relation they came through)",
             )
             p.add_argument("--json", action="store_true", help="print the raw response as JSON")
         else:

@@ -62,6 +62,7 @@ def hits_to_pb(hits: Sequence[Hit], expose_paths: bool = False) -> list[common_p
             stage_scores=h.stage_scores,
             rank=rank,
             terms=[common_pb2.TermWeight(term=t, weight=w) for t, w in h.terms],
+            via=h.via,
         )
         for rank, h in enumerate(hits, start=1)
     ]
@@ -76,10 +77,24 @@ def hits_from_pb(hits: Sequence[common_pb2.Hit], field: str = "hits") -> list[Hi
         except ValueError as exc:  # Chunk validates itself: no id, no pages, blank text
             raise InvalidArgument.for_field(f"{field}[{index}].chunk", str(exc)) from None
         terms = tuple((t.term, t.weight) for t in h.terms)
-        out.append(Hit(chunk=chunk, score=h.score, stage_scores=dict(h.stage_scores), terms=terms))
+        if len(h.via) > MAX_VIA_CHARS:
+            raise InvalidArgument.for_field(
+                f"{field}[{index}].via", f"at most {MAX_VIA_CHARS} characters"
+            )
+        out.append(
+            Hit(
+                chunk=chunk,
+                score=h.score,
+                stage_scores=dict(h.stage_scores),
+                terms=terms,
+                via=h.via,
+            )
+        )
     return out
 
 
+MAX_VIA_CHARS = 512
+"""Longest graph explanation a client may send back with a hit."""
 MAX_FILTER_VALUES = 1000
 """Values one filter field may list (each becomes part of the cache key and the search)."""
 
@@ -122,6 +137,8 @@ def options_from_pb(pb: common_pb2.SearchOptions) -> dict[str, Any]:
         out["collections"] = tuple(pb.filter.collections)
     if pb.explain:
         out["explain"] = True
+    if pb.HasField("graph"):
+        out["graph"] = pb.graph
     return out
 
 

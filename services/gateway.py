@@ -11,17 +11,19 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from credibility.filter import EvidenceFilter
 from generator.core import AnswerGenerator
+from graph.build import SyncReport
+from graph.walk import GraphPath
 from ingest.batch import FileResult, IngestReport, duplicate_uploads, ingest_one, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, doc_id_for
 from ragline.errors import InvalidArgument, NotFound, Unavailable, named
-from ragline.types import Answer, Hit
+from ragline.types import Answer, Chunk, Hit
 from retriever.backend import IndexBackend
 from retriever.indexer import Indexer
 from retriever.search import RetrievalResult, Retriever, SearchOptions
@@ -108,6 +110,7 @@ class Gateway:
         ingest_workers: int = 1,
         worker_memory_mib: int = 4096,
         path_policy: PathPolicy | None = None,
+        graph: GraphPath | None = None,
     ) -> None:
         self.indexer = indexer
         """Encodes and writes documents (the ingest jobs' sink)."""
@@ -118,6 +121,8 @@ class Gateway:
         """Scores when ``filter`` is unavailable (None: Answer fails with UNAVAILABLE)."""
         self.filter_failures = 0
         self.filter_fallbacks = 0
+        self.graph_queries = 0
+        self.graph_used = 0
         self.generator = generator
         self.limits = limits
         self.evidence_k = evidence_k
@@ -129,6 +134,8 @@ class Gateway:
         self.default_options = default_options or SearchOptions()
         self.path_policy = path_policy or PathPolicy()
         """Server-side paths a client may name (none by default)."""
+        self.graph = graph
+        """The selective graph path (None: off)."""
         self._ingest_lock = asyncio.Lock()
         self._known: tuple[int, frozenset[str]] = (-1, frozenset())
 
@@ -190,7 +197,9 @@ class Gateway:
         (``stage_scores[filter name]``). Retrieval never fails because the filter does: when
         it is unavailable the hits come back unscored."""
         text, k = self.validate_query(query, k)
-        result = await self.retriever.search(text, k, self.options(options), bypass_cache)
+        search_options = self.options(options)
+        result = await self.retriever.search(text, k, search_options, bypass_cache)
+        result, _ = await self.expand(text, result, k, search_options, append=False)
         if score_evidence and result.hits:
             started = time.perf_counter()
             try:
@@ -207,6 +216,78 @@ class Gateway:
                 )
                 result = replace(result, hits=hits, timings_ms=timings)
         return result
+
+    async def expand(
+        self, query: str, result: RetrievalResult, k: int, options: SearchOptions, append: bool
+    ) -> tuple[RetrievalResult, bool]:
+        """The graph path, when configured and on for the request: what it finds (when the
+        query names a graph node or asks several things) fused with the ranking (see
+        :class:`graph.walk.GraphPath`), under the request's filters; and whether it was
+        taken."""
+        if self.graph is None or not options.graph:
+            return result, False
+        started = time.perf_counter()
+        filters = options.filters()
+
+        def allowed(chunk: Chunk) -> bool:
+            return (
+                (not filters.doc_ids or chunk.doc_id in filters.doc_ids)
+                and (not filters.kinds or chunk.kind in filters.kinds)
+                and (not filters.collections or chunk.collection in filters.collections)
+            )
+
+        async def search(text: str, n: int) -> list[Hit]:
+            return (await self.retriever.search(text, n, replace(options, explain=False))).hits
+
+        hits, used = await self.graph.expand(
+            query, result.hits, k, search, self.store.view.get_chunks, allowed, append=append
+        )
+        timings = dict(result.timings_ms, graph=(time.perf_counter() - started) * 1000)
+        self.graph_queries += 1
+        self.graph_used += used
+        return replace(result, hits=hits, timings_ms=timings), used
+
+    def graph_stats(self) -> dict[str, float]:
+        """The graph's size and how often the path ran (empty when it is off)."""
+        if self.graph is None:
+            return {}
+        return dict(
+            self.graph.index.stats(),
+            ragline_graph_queries_total=self.graph_queries,
+            ragline_graph_used_total=self.graph_used,
+        )
+
+    async def expand_hits(
+        self, query: str, hits: Sequence[Hit], k: int = 0, options: dict | None = None
+    ) -> tuple[list[Hit], bool]:
+        """The graph stage as the internal service exposes it: a ranking (``hits``) fused with
+        what the graph path finds for ``query``, under the public bounds; ``k`` 0 = as many
+        as were sent (or the default k)."""
+        text, k = self.validate_query(query, k or len(hits))
+        if len(hits) > self.limits.max_k:
+            raise InvalidArgument.for_field("hits", f"at most {self.limits.max_k} hits")
+        for index, hit in enumerate(hits):
+            if len(hit.chunk.text) > self.limits.max_passage_chars:
+                raise InvalidArgument.for_field(
+                    f"hits[{index}].chunk.text",
+                    f"is over the limit of {self.limits.max_passage_chars} characters",
+                )
+        search_options = replace(self.options(options), graph=True)
+        before = RetrievalResult(list(hits), False, self.store.view.generation)
+        after, used = await self.expand(text, before, k, search_options, append=False)
+        return after.hits, used
+
+    def sync_graph(
+        self, progress: Callable[[str, int, int], None] | None = None
+    ) -> SyncReport | None:
+        """Bring the graph in step with the index (after a load, an ingest or a delete):
+        only what changed is read again. Blocking: call it from a worker thread."""
+        if self.graph is None:
+            return None
+        report = self.graph.index.sync(self.store.documents(), progress)
+        if report.added or report.removed:
+            logger.info("%s", report.line())
+        return report
 
     def check_threshold(self, threshold: float) -> float:
         """A request's threshold: 0 (the filter's own) or a probability within the configured
@@ -276,6 +357,7 @@ class Gateway:
         search_options = replace(self.options(options), explain=False)
         started = time.perf_counter()
         retrieved = await self.retriever.search(text, k, search_options)
+        retrieved, _ = await self.expand(text, retrieved, k, search_options, append=True)
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
@@ -423,6 +505,7 @@ class Gateway:
             report.results += await self._ingest_uploads(
                 documents, collection, replace_other_paths, report.results, allowed
             )
+            await asyncio.to_thread(self.sync_graph)
         return report
 
     async def _ingest_uploads(
@@ -488,7 +571,9 @@ class Gateway:
                     allowed is not None and held_by not in allowed
                 ):
                     raise NotFound(f"no document with id {doc_id!r}")
-                return await asyncio.to_thread(self.store.delete, doc_id)
+                removed = await asyncio.to_thread(self.store.delete, doc_id)
+                await asyncio.to_thread(self.sync_graph)
+                return removed
 
         return await asyncio.shield(asyncio.ensure_future(locked()))
 
@@ -498,4 +583,7 @@ class Gateway:
         if self._ingest_lock.locked():
             return False
         async with self._ingest_lock:
-            return await asyncio.to_thread(self.store.refresh)
+            loaded = await asyncio.to_thread(self.store.refresh)
+            if loaded:
+                await asyncio.to_thread(self.sync_graph)
+            return loaded

@@ -28,6 +28,8 @@ from credibility.filter import ClassifierFilter, EvidenceFilter, ScoreFloorFilte
 from credibility.model import PairClassifier, is_checkpoint
 from generator.core import AnswerGenerator, TextBackend
 from generator.models import choose_backend, resolve_vllm_model
+from graph.build import GraphConfig, GraphIndex
+from graph.walk import GraphPath, WalkConfig
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.backend import IndexBackend
 from retriever.cache import QueryCache
@@ -43,6 +45,7 @@ from services.paths import PathPolicy
 from services.servicers import (
     CredibilityServicer,
     GeneratorServicer,
+    GraphServicer,
     RaglineServicer,
     RetrieverServicer,
 )
@@ -56,6 +59,7 @@ INTERNAL_SERVICES = (
     stages_pb2.DESCRIPTOR.services_by_name["RetrieverService"].full_name,
     stages_pb2.DESCRIPTOR.services_by_name["CredibilityService"].full_name,
     stages_pb2.DESCRIPTOR.services_by_name["GeneratorService"].full_name,
+    stages_pb2.DESCRIPTOR.services_by_name["GraphService"].full_name,
 )
 MIB = 1024 * 1024
 
@@ -133,7 +137,31 @@ def default_options(settings: Settings, store: IndexBackend) -> SearchOptions:
     r = settings.retriever
     mode = r.mode if store.dense_enabled else "sparse"
     return SearchOptions(
-        mode=mode, fusion=r.fusion, sparse_weight=r.sparse_weight, dense_weight=r.dense_weight
+        mode=mode,
+        fusion=r.fusion,
+        sparse_weight=r.sparse_weight,
+        dense_weight=r.dense_weight,
+        graph=settings.graph.enabled,
+    )
+
+
+def build_graph(settings: Settings) -> GraphPath | None:
+    """The selective graph and its query path (None when ``RAGLINE_GRAPH_ENABLED=false``).
+    Light: the persisted graph is read here, brought in step with the index by
+    :meth:`Gateway.sync_graph`."""
+    g = settings.graph
+    if not g.enabled:
+        return None
+    index = GraphIndex(
+        GraphConfig(threshold=g.threshold, max_df=g.max_df, parse=g.parse),
+        g.dir or settings.retriever.index_dir / "graph",
+    )
+    return GraphPath(
+        index,
+        WalkConfig(hops=g.hops, neighbours=g.neighbours),
+        slots=g.slots,
+        part_k=g.part_k,
+        depth=g.depth,
     )
 
 
@@ -281,6 +309,7 @@ def build_gateway(settings: Settings, indexer: Indexer[IndexBackend] | None = No
         ingest_workers=i.workers,
         worker_memory_mib=i.worker_memory_mib,
         path_policy=PathPolicy.from_setting(i.path_roots),
+        graph=build_graph(settings),
     )
 
 
@@ -292,6 +321,7 @@ def warm_up(gateway: Gateway, generator: bool = True) -> None:
     if indexer.dense is not None:
         indexer.dense.warm_up()
     indexer.load()
+    gateway.sync_graph()
     gateway.filter.warm_up()
     if generator:
         gateway.generator.warm_up()
@@ -484,6 +514,9 @@ def _open_ports(
             ),
             lambda srv: stages_pb2_grpc.add_GeneratorServiceServicer_to_server(
                 GeneratorServicer(gateway), srv
+            ),
+            lambda srv: stages_pb2_grpc.add_GraphServiceServicer_to_server(
+                GraphServicer(gateway), srv
             ),
         ],
     )

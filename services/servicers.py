@@ -151,6 +151,7 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         counters["ragline_evidence_filter_failures_total"] = self.gateway.filter_failures
         counters["ragline_evidence_filter_fallbacks_total"] = self.gateway.filter_fallbacks
         counters.update(self.gateway.store.stats())
+        counters.update(self.gateway.graph_stats())
         return ragline_pb2.GetStatsResponse(
             documents=sum(docs for docs, _ in view.collection_counts().values()),
             chunks=view.count(),
@@ -194,6 +195,19 @@ class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):
             threshold=threshold,
             timings_ms={name: (time.perf_counter() - started) * 1000},
         )
+
+
+class GraphServicer(stages_pb2_grpc.GraphServiceServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def Expand(self, request, context):  # noqa: N802
+        hits = convert.hits_from_pb(request.hits)
+        options = _scoped(self.gateway, {})
+        fused, used = await within_deadline(
+            context, self.gateway.expand_hits(request.query, hits, request.k, options)
+        )
+        return stages_pb2.ExpandResponse(hits=convert.hits_to_pb(fused), graph_used=used)
 
 
 class GeneratorServicer(stages_pb2_grpc.GeneratorServiceServicer):

@@ -492,6 +492,56 @@ class GeneratorSettings(BaseSettings):
     )
 
 
+class GraphSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_GRAPH_")
+
+    enabled: bool = Field(
+        True,
+        description="Build the selective entity graph at ingest and take the graph path for "
+        "questions that name a dense entity (a request's options.graph overrides it).",
+    )
+    dir: Path | None = Field(
+        None, description="Where the graph persists (unset: a 'graph' folder in the index dir)."
+    )
+    threshold: int = Field(
+        5,
+        ge=0,
+        le=1000,
+        description="An entity becomes a graph node when its relation degree (distinct "
+        "entities it shares a sentence with, corpus-wide) exceeds this; 0 builds the full graph.",
+    )
+    max_df: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="Nor when more than this share of the chunks names it (it relates "
+        "everything to everything).",
+    )
+    parse: bool = Field(
+        True,
+        description="Label relations with spaCy's dependency parse (subject-verb-object), "
+        "run only on sentences naming two graph nodes.",
+    )
+    hops: int = Field(1, ge=1, le=2, description="Relations walked from the question's entities.")
+    neighbours: int = Field(5, ge=1, le=50, description="Strongest relations followed per entity.")
+    slots: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="Chunks the graph path adds: in Retrieve they take the ranks just before "
+        "RAGLINE_GRAPH_DEPTH (the hybrid hits from there move down); in Answer they join the "
+        "candidates the evidence filter reads.",
+    )
+    depth: int = Field(10, ge=1, le=100, description="See RAGLINE_GRAPH_SLOTS.")
+    part_k: int = Field(
+        3,
+        ge=1,
+        le=20,
+        description="A question that asks several things (sentences, or clauses joined by "
+        "'and' + a question word) has each part searched on its own: hits per part.",
+    )
+
+
 class Settings(BaseSettings):
     """All services' settings together (the embedded one-process deployment)."""
 
@@ -501,6 +551,7 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=lambda: CacheSettings())
     credibility: CredibilitySettings = Field(default_factory=lambda: CredibilitySettings())
     generator: GeneratorSettings = Field(default_factory=lambda: GeneratorSettings())
+    graph: GraphSettings = Field(default_factory=lambda: GraphSettings())
 
 
 SECTIONS: dict[str, type[BaseSettings]] = {
@@ -510,6 +561,7 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "cache": CacheSettings,
     "credibility": CredibilitySettings,
     "generator": GeneratorSettings,
+    "graph": GraphSettings,
 }
 
 

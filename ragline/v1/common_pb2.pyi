@@ -54,7 +54,7 @@ class Chunk(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ..., pages: _Optional[_Iterable[int]] = ..., source: _Optional[str] = ..., title_path: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., collection: _Optional[str] = ..., quality: _Optional[float] = ..., path: _Optional[str] = ...) -> None: ...
 
 class Hit(_message.Message):
-    __slots__ = ("chunk", "score", "stage_scores", "rank", "terms")
+    __slots__ = ("chunk", "score", "stage_scores", "rank", "terms", "via")
     class StageScoresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,12 +67,14 @@ class Hit(_message.Message):
     STAGE_SCORES_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     TERMS_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
     chunk: Chunk
     score: float
     stage_scores: _containers.ScalarMap[str, float]
     rank: int
     terms: _containers.RepeatedCompositeFieldContainer[TermWeight]
-    def __init__(self, chunk: _Optional[_Union[Chunk, _Mapping]] = ..., score: _Optional[float] = ..., stage_scores: _Optional[_Mapping[str, float]] = ..., rank: _Optional[int] = ..., terms: _Optional[_Iterable[_Union[TermWeight, _Mapping]]] = ...) -> None: ...
+    via: str
+    def __init__(self, chunk: _Optional[_Union[Chunk, _Mapping]] = ..., score: _Optional[float] = ..., stage_scores: _Optional[_Mapping[str, float]] = ..., rank: _Optional[int] = ..., terms: _Optional[_Iterable[_Union[TermWeight, _Mapping]]] = ..., via: _Optional[str] = ...) -> None: ...
 
 class TermWeight(_message.Message):
     __slots__ = ("term", "weight")
@@ -93,20 +95,22 @@ class Filter(_message.Message):
     def __init__(self, doc_ids: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[str]] = ..., collections: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchOptions(_message.Message):
-    __slots__ = ("mode", "fusion", "sparse_weight", "dense_weight", "filter", "explain")
+    __slots__ = ("mode", "fusion", "sparse_weight", "dense_weight", "filter", "explain", "graph")
     MODE_FIELD_NUMBER: _ClassVar[int]
     FUSION_FIELD_NUMBER: _ClassVar[int]
     SPARSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     DENSE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
     mode: SearchMode
     fusion: Fusion
     sparse_weight: float
     dense_weight: float
     filter: Filter
     explain: bool
-    def __init__(self, mode: _Optional[_Union[SearchMode, str]] = ..., fusion: _Optional[_Union[Fusion, str]] = ..., sparse_weight: _Optional[float] = ..., dense_weight: _Optional[float] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., explain: _Optional[bool] = ...) -> None: ...
+    graph: bool
+    def __init__(self, mode: _Optional[_Union[SearchMode, str]] = ..., fusion: _Optional[_Union[Fusion, str]] = ..., sparse_weight: _Optional[float] = ..., dense_weight: _Optional[float] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., explain: _Optional[bool] = ..., graph: _Optional[bool] = ...) -> None: ...
 
 class Citation(_message.Message):
     __slots__ = ("number", "chunk_id", "doc_id", "pages", "source")

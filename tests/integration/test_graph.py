@@ -1,0 +1,118 @@
+"""The graph path through the real service: gRPC on localhost, real models and Redis,
+generated PDFs whose tools relate densely."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from services.server import RunningServer, build_gateway, start_server
+from services.settings import Settings
+from tests.conftest import make_indexer, make_settings, write_pdf
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+TOOLS = [
+    "The snorp.init() loader reads kelp.conf and QUUX_ROOT, then hands over to tarn.exec.",
+    "snorp.init caches mizzle.idx; set QUUX_ROOT before tarn.exec runs, or kelp.conf is "
+    "ignored and mizzle.idx is rebuilt.",
+    "With the option --brisk, snorp.init skips kelp.conf and reads mizzle.idx only.",
+]
+RUNNER = [
+    "The tarn.exec runner writes its log to ploven.log beside mizzle.idx.",
+    "The ploven.log file rotates every seven days by default.",
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def graph_server(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+) -> AsyncIterator[tuple[RunningServer, Settings]]:
+    tmp = tmp_path_factory.mktemp("graph")
+    corpus = tmp / "pdfs"
+    corpus.mkdir()
+    write_pdf(corpus / "tools.pdf", TOOLS)
+    write_pdf(corpus / "runner.pdf", RUNNER)
+    settings = make_settings(tmp, redis_url)
+    settings.server.internal_port = 0
+    settings.graph.threshold = 2  # a tiny corpus: a few relations make an entity dense
+    settings.graph.max_df = 1.0
+    gateway = build_gateway(
+        settings, make_indexer(settings.retriever.index_dir, encoder, dense_encoder)
+    )
+    running = await start_server(settings, gateway)
+    await gateway.ingest([str(corpus)], [])
+    yield running, settings
+    await running.stop(0)
+
+
+Served = tuple[RunningServer, Settings]
+
+
+async def test_retrieve_says_which_hits_the_graph_brought(graph_server: Served) -> None:
+    running, _ = graph_server
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = ragline_pb2_grpc.RaglineStub(channel)
+        question = "Where does the runner started after snorp.init keep its log?"
+        on = await stub.Retrieve(ragline_pb2.RetrieveRequest(query=question, k=4))
+        via = [h.via for h in on.hits if h.via]
+        assert via and any("snorp.init" in v for v in via)
+        off = await stub.Retrieve(
+            ragline_pb2.RetrieveRequest(
+                query=question, k=4, options=common_pb2.SearchOptions(graph=False)
+            )
+        )
+        assert not any(h.via for h in off.hits)
+        plain = await stub.Retrieve(ragline_pb2.RetrieveRequest(query="seven days", k=4))
+        assert not any(h.via for h in plain.hits)  # names no node, asks one thing: no graph
+        stats = await stub.GetStats(ragline_pb2.GetStatsRequest())
+        assert stats.counters["graph_nodes"] > 0 and stats.counters["ragline_graph_used_total"] >= 1
+
+
+async def test_the_expand_stage_service_fuses_what_it_is_sent(graph_server: Served) -> None:
+    running, _ = graph_server
+    address = f"127.0.0.1:{running.internal_port}"
+    async with grpc.aio.insecure_channel(address) as channel:
+        retriever = stages_pb2_grpc.RetrieverServiceStub(channel)
+        found = await retriever.Search(
+            stages_pb2.SearchRequest(
+                query="rotation", k=1, options=common_pb2.SearchOptions(graph=False)
+            )
+        )
+        graph = stages_pb2_grpc.GraphServiceStub(channel)
+        expanded = await graph.Expand(
+            stages_pb2.ExpandRequest(query="What does tarn.exec write?", hits=found.hits, k=3)
+        )
+        assert expanded.graph_used and any(h.via for h in expanded.hits)
+        assert expanded.hits[0].chunk.chunk_id == found.hits[0].chunk.chunk_id
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await graph.Expand(stages_pb2.ExpandRequest(query="", hits=found.hits))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_the_graph_follows_deletes_and_reloads_from_disk(graph_server: Served) -> None:
+    running, settings = graph_server
+    gateway = running.gateway
+    assert gateway.graph is not None
+    postings = gateway.graph.index.tables.postings
+    runner_chunks = {c.chunk_id for c in gateway.store.documents()["runner"][1]}
+    assert runner_chunks & set(postings["tarn.exec"])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        stub = ragline_pb2_grpc.RaglineStub(channel)
+        await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="runner"))
+    after = gateway.graph.index.tables.postings
+    assert not runner_chunks & {c for chunks in after.values() for c in chunks}
+    # a second process over the same folders reads the persisted graph: nothing to parse
+    reloaded = build_gateway(settings, gateway.indexer)
+    assert reloaded.graph is not None
+    report = reloaded.sync_graph()
+    assert report is not None and (report.added, report.units_parsed) == (0, 0)
+    assert reloaded.graph.index.tables.postings == after

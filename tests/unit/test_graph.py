@@ -1,0 +1,210 @@
+"""The selective graph: entity patterns, the dense set, incremental sync, persistence, the walk,
+the multi-part rule and how its hits are fused. Real spaCy parses; the documents are this
+file's own."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from graph.build import GraphConfig, GraphIndex
+from graph.entities import mentions, units
+from graph.walk import GraphPath, WalkConfig, link, parts, walk
+from ragline.types import Chunk, Hit
+
+pytestmark = pytest.mark.unit
+
+
+def chunk(doc: str, ordinal: int, text: str, collection: str = "default") -> Chunk:
+    return Chunk(
+        chunk_id=f"{doc}-{ordinal:05d}",
+        doc_id=doc,
+        ordinal=ordinal,
+        text=text,
+        pages=(ordinal + 1,),
+        source=f"{doc}.pdf",
+        collection=collection,
+    )
+
+
+# A small tool world: zorb.load is the hub (named with many others), qux.fmt a leaf.
+HUB = [
+    "The zorb.load() reader opens frob.cfg and BLARG_HOME with -vQuiet and \\zorbset.",
+    "zorb.load reads gronk.db, frob.cfg and the ZORBPATH variable before plink.run starts.",
+    "Since zorb.load caches splat.idx, set BLARG_HOME before calling plink.run.",
+]
+BRIDGE = [
+    "The plink.run step writes splat.idx next to gronk.db and logs to ZORBPATH.",
+    "To print a report, plink.run calls qux.fmt with the option -vQuiet.",
+]
+OTHER = [
+    "Nothing here names a tool; it is plain prose about the weather and a quiet lake.",
+    "The qux.fmt helper pads wibble.tab columns.",
+]
+
+
+def docs(*names: str) -> dict[str, tuple[str, list[Chunk]]]:
+    corpus = {"hub": HUB, "bridge": BRIDGE, "other": OTHER}
+    return {
+        name: (f"hash-{name}", [chunk(name, i, t) for i, t in enumerate(corpus[name])])
+        for name in names
+    }
+
+
+def test_patterns_find_identifiers_options_macros_and_variables() -> None:
+    text = (
+        "Call fmt.parse() or fmt.parse with --dry-run=yes, set $WIDGET_DIR, see \\widgetbox, "
+        "then the ‘snarfle’ command; CLOSYP is a type, and LaTeX writes it."
+    )
+    found = {m.key: m.label for m in mentions(text)}
+    assert found["fmt.parse"] == "function"
+    assert found["--dry-run"] == "option"
+    assert found["widget_dir"] == "variable"
+    assert found["\\widgetbox"] == "macro"
+    assert found["snarfle"] == "word"
+    assert found["closyp"] == "word"
+    assert found["latex"] == "name"
+    assert [m.key for m in mentions(text)].count("fmt.parse") == 2  # one key for both spellings
+
+
+def test_common_words_in_capitals_are_no_entities() -> None:
+    keys = {m.key for m in mentions("Read the GUIDE and the Manual, as Hinkley wrote.")}
+    assert "guide" not in keys and "manual" not in keys
+    assert "hinkley" in keys
+
+
+def test_a_table_row_header_and_its_column_headers_are_entities() -> None:
+    table = "Caption.\n\n| type | code |\n|---|---|\n| VECSXPQ | 19 |\n| NILSXPQ | 0 |"
+    found = [(line, sorted(m.key for m in ms)) for line, ms in units(table, "table")]
+    assert ("VECSXPQ | 19", ["code", "vecsxpq"]) in found
+
+
+def test_only_dense_entities_become_nodes_and_the_full_graph_parses_more() -> None:
+    selective = GraphIndex(GraphConfig(threshold=4, max_df=1.0))
+    full = GraphIndex(GraphConfig(threshold=0, max_df=1.0))
+    few = selective.sync(docs("hub", "bridge", "other"))
+    many = full.sync(docs("hub", "bridge", "other"))
+    assert "zorb.load" in selective.tables.dense and "plink.run" in selective.tables.dense
+    assert "qux.fmt" not in selective.tables.dense  # one neighbour: not dense
+    assert "qux.fmt" in full.tables.dense
+    assert few.dense < many.dense and few.units_parsed < many.units_parsed
+    assert few.relations < many.relations
+
+
+def test_relations_keep_their_sources_and_a_verb_label() -> None:
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    index.sync(docs("hub", "bridge"))
+    edge = index.tables.edges["zorb.load"]["frob.cfg"]
+    assert edge.sources == {"hub-00000", "hub-00001"} and edge.weight == 2
+    assert edge.label.split("|")[1] in {"read", "open"}  # zorb.load —reads/opens→ frob.cfg
+
+
+def test_sync_reads_only_what_changed_and_forgets_deleted_documents() -> None:
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    first = index.sync(docs("hub"))
+    assert first.added == 1
+    again = index.sync(docs("hub"))
+    assert (again.added, again.removed, again.units_parsed) == (0, 0, 0)
+    grown = index.sync(docs("hub", "bridge"))
+    assert grown.added == 1 and "bridge-00000" in index.tables.postings["plink.run"]
+    shrunk = index.sync(docs("hub"))
+    assert shrunk.removed == 1
+    assert all(not c.startswith("bridge") for p in index.tables.postings.values() for c in p)
+
+
+def test_the_graph_persists_and_a_corrupt_file_is_rebuilt(tmp_path: Path) -> None:
+    folder = tmp_path / "graph"
+    built = GraphIndex(GraphConfig(threshold=3, max_df=1.0), folder)
+    built.sync(docs("hub", "bridge"))
+    loaded = GraphIndex(GraphConfig(threshold=3, max_df=1.0), folder)
+    assert loaded.tables.postings == built.tables.postings
+    assert loaded.sync(docs("hub", "bridge")).units_parsed == 0  # nothing to redo
+    assert not list(folder.glob("*.tmp"))
+    other_settings = GraphIndex(GraphConfig(threshold=1, max_df=1.0), folder)
+    assert other_settings.documents == 0  # built with another threshold: rebuilt on sync
+    current = json.loads((folder / "CURRENT.json").read_text())
+    (folder / current["file"]).write_bytes(b"not a graph")
+    broken = GraphIndex(GraphConfig(threshold=3, max_df=1.0), folder)
+    assert broken.documents == 0
+    assert broken.sync(docs("hub", "bridge")).added == 2
+    assert broken.tables.postings == built.tables.postings
+
+
+def test_the_walk_links_the_question_and_crosses_one_relation() -> None:
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    index.sync(docs("hub", "bridge", "other"))
+    assert link("what does zorb.load need?", index.tables) == ["zorb.load"]
+    assert walk(index, "how is the weather at the lake?") == []  # no node named: no work
+    found = walk(index, "Which file does zorb.load cache?", WalkConfig(hops=1, neighbours=5))
+    by_id = {g.chunk_id: g for g in found}
+    assert "zorb.load (in the question)" in by_id["hub-00002"].via
+    # the bridge document never names zorb.load: reached through a relation of it
+    assert "bridge-00000" in by_id and "→" in by_id["bridge-00000"].via
+    assert found[0].chunk_id.startswith("hub")
+
+
+def test_a_question_that_asks_two_things_has_two_parts() -> None:
+    assert parts("What colour is the lid?") == []
+    two = parts("The guide mentions a spare lid in the box. Which shelf holds the spare lid?")
+    assert len(two) == 2
+    joined = parts("What size is the blue lid, and within what tolerance must lids fit?")
+    assert joined == ["What size is the blue lid", "within what tolerance must lids fit?"]
+
+
+def _hits(chunks: Sequence[Chunk]) -> list[Hit]:
+    return [Hit(c, 1.0 - i / 100) for i, c in enumerate(chunks)]
+
+
+def test_fused_hits_take_the_ranks_before_depth_and_respect_the_filter() -> None:
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    corpus = docs("hub", "bridge", "other")
+    index.sync(corpus)
+    every = {c.chunk_id: c for _, cs in corpus.values() for c in cs}
+    path = GraphPath(index, WalkConfig(), slots=1, depth=2)
+    ranked = _hits([every["other-00000"], every["hub-00000"], every["hub-00001"]])
+
+    async def search(text: str, k: int) -> list[Hit]:
+        return []
+
+    def get(ids: Sequence[str]) -> list[Chunk]:
+        return [every[i] for i in ids]
+
+    question = "Where does plink.run log?"
+    fused, used = asyncio.run(path.expand(question, ranked, 3, search, get, lambda c: True))
+    assert used and fused[0].chunk.chunk_id == "other-00000"  # before depth - slots: kept
+    assert fused[1].via and fused[1].chunk.doc_id in {"hub", "bridge"}
+    assert len(fused) == 3
+    blocked, _ = asyncio.run(
+        path.expand(question, ranked, 3, search, get, lambda c: c.doc_id == "other")
+    )
+    assert [h.chunk.chunk_id for h in blocked] == [h.chunk.chunk_id for h in ranked]
+    appended, _ = asyncio.run(
+        path.expand(question, ranked, 3, search, get, lambda c: True, append=True)
+    )
+    assert [h.chunk.chunk_id for h in appended[:3]] == [h.chunk.chunk_id for h in ranked]
+    assert len(appended) == 4 and appended[3].via
+
+
+def test_each_part_of_a_two_part_question_is_searched() -> None:
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    index.sync(docs("other"))
+    lake = chunk("lake", 0, "The lake freezes in January.")
+    asked: list[str] = []
+
+    async def search(text: str, k: int) -> list[Hit]:
+        asked.append(text)
+        return [Hit(lake, 0.5)] if "freeze" in text else []
+
+    path = GraphPath(index, WalkConfig(), slots=2, depth=10)
+    question = "The lake guide lists the weather months. When does the quiet lake freeze?"
+    fused, used = asyncio.run(
+        path.expand(
+            question, _hits([chunk("x", 0, "x text")]), 10, search, lambda ids: [], lambda c: True
+        )
+    )
+    assert used and len(asked) == 2
+    assert fused[-1].chunk.chunk_id == "lake-00000" and fused[-1].via == "part 2 of the question"
