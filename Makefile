@@ -7,7 +7,7 @@ CORPUS ?= data/corpus
 PORT ?= 50051
 QUESTIONS ?= data/credibility/*.jsonl
 
-.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-ingest bench-generate bench-security clean
+.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~5 min), serve on :$(PORT)
@@ -73,6 +73,10 @@ bench-backends: setup
 ## bench-credibility: classifier latency on 20 passages and accuracy, fp32/int8, by max length
 bench-credibility: setup
 	$(BIN)/python bench/credibility.py
+
+## bench-graph: the selective graph's build against the full graph's (time, memory, nodes)
+bench-graph: setup
+	$(BIN)/python bench/graph.py
 
 ## bench-encode: SPLADE and MiniLM passages/s and query latency by variant (float32 through
 ##      sentence-transformers, ragline's paths, bfloat16), with recall on the LLM-written questions
