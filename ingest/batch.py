@@ -230,6 +230,7 @@ def parse_document(
         collection,
         tables=[t.text() for t in doc.tables],
         quality=doc.quality,
+        doc_title=doc.title,
     )
     if not chunks:
         raise InvalidArgument.for_field("document", f"{name}: no text to index")

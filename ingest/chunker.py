@@ -145,6 +145,7 @@ def chunk_pages(
     collection: str = "default",
     tables: Sequence[str] = (),
     quality: Sequence[float] = (),
+    doc_title: str = "",
 ) -> list[Chunk]:
     """Chunk a document's pages (page i is ``pages[i - 1]``) section by section.
 
@@ -177,6 +178,7 @@ def chunk_pages(
                 title_path=title_path,
                 kind=kind,
                 collection=collection,
+                doc_title=doc_title,
                 quality=min((quality[p - 1] for p in page_set if p <= len(quality)), default=1.0),
             )
         )

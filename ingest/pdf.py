@@ -85,6 +85,8 @@ class ParsedDocument:
     """1-based pages whose text came from OCR."""
     unreadable: tuple[int, ...] = ()
     """1-based pages with no text layer that could not be OCR'd (Tesseract not installed)."""
+    title: str = ""
+    """The document's title (see :func:`document_title`); "" when none reads like one."""
 
     def flag_reasons(self) -> dict[int, str]:
         """Why each flagged page was left out."""
@@ -179,6 +181,7 @@ def read_pdf(
         refused = refusal(doc, limits)
         if refused:
             raise bad(refused)
+        metadata_title = str((doc.metadata or {}).get("title") or "")
         try:
             extracted = _extract(doc, limits)
             outline = tuple(
@@ -209,7 +212,31 @@ def read_pdf(
         tables=extracted.tables,
         ocr_pages=extracted.ocr_pages,
         unreadable=tuple(n for n in extracted.unreadable if n in flagged),
+        title=document_title(metadata_title, pages[0] if pages else ""),
     )
+
+
+MAX_TITLE_WORDS = 12
+MAX_TITLE_CHARS = 100
+
+
+def document_title(metadata_title: str, first_page: str) -> str:
+    """The PDF's metadata title when it reads like a title, else its first page's first line
+    when that does: 2-12 words, at most 100 characters, no digits (a line such as "Draft
+    version February 26, 2021" or "MNRAS 000, 1–10 (2020)" is a running header, not a
+    title), no file name ("Microsoft Word - a.doc")."""
+    for candidate in (
+        metadata_title,
+        next((ln for ln in first_page.splitlines() if ln.strip()), ""),
+    ):
+        line = " ".join(candidate.split())
+        words = line.split()
+        if not 2 <= len(words) <= MAX_TITLE_WORDS or len(line) > MAX_TITLE_CHARS:
+            continue
+        if any(ch.isdigit() for ch in line) or re.search(r"\.(docx?|tex|dvi|pdf)\b", line, re.I):
+            continue
+        return line
+    return ""
 
 
 def refusal(doc: pymupdf.Document, limits: PdfLimits) -> str | None:

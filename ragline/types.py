@@ -35,6 +35,9 @@ class Chunk:
     """Text quality of the chunk's pages, 0..1 (the lowest of them; see ``ingest.layout``)."""
     path: str = ""
     """Absolute path of the file the document was ingested from ("" for uploaded bytes)."""
+    doc_title: str = ""
+    """The document's title (its PDF metadata title, or its first page's first line when that
+    reads like one); "" when it has none."""
 
     def __post_init__(self) -> None:
         if not self.chunk_id or not self.doc_id:

@@ -64,6 +64,7 @@ def _chunk_of(payload: dict[str, Any]) -> Chunk:
         collection=payload.get("collection", "default"),
         quality=float(payload.get("quality", 1.0)),
         path=payload.get("path", ""),
+        doc_title=payload.get("doc_title", ""),
     )
 
 

@@ -35,6 +35,7 @@ def chunk_to_pb(chunk: Chunk, expose_paths: bool = False) -> common_pb2.Chunk:
         collection=chunk.collection,
         quality=chunk.quality,
         path=chunk.path if expose_paths else "",
+        doc_title=chunk.doc_title,
     )
 
 
@@ -51,6 +52,7 @@ def chunk_from_pb(pb: common_pb2.Chunk) -> Chunk:
         collection=pb.collection or "default",
         quality=pb.quality if pb.HasField("quality") else 1.0,
         path=pb.path,
+        doc_title=pb.doc_title,
     )
 
 

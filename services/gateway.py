@@ -236,8 +236,19 @@ class Gateway:
                 and (not filters.collections or chunk.collection in filters.collections)
             )
 
-        async def search(text: str, n: int) -> list[Hit]:
-            return (await self.retriever.search(text, n, replace(options, explain=False))).hits
+        def allowed_doc(doc_id: str) -> bool:
+            return (not filters.doc_ids or doc_id in filters.doc_ids) and (
+                not filters.collections or self.store.collection_of(doc_id) in filters.collections
+            )
+
+        async def search(text: str, n: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
+            narrowed = replace(options, explain=False)
+            if doc_ids:
+                mine = tuple(d for d in doc_ids if allowed_doc(d))
+                if not mine:
+                    return []
+                narrowed = replace(narrowed, doc_ids=mine)
+            return (await self.retriever.search(text, n, narrowed)).hits
 
         hits, used = await self.graph.expand(
             query, result.hits, k, search, self.store.view.get_chunks, allowed, append=append

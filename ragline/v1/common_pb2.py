@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragline/v1/common.proto\x12\nragline.v1\"\xcd\x01\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x0f\n\x07ordinal\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\r\n\x05pages\x18\x05 \x03(\x05\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x12\n\ntitle_path\x18\x07 \x03(\t\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12\x12\n\ncollection\x18\t \x01(\t\x12\x14\n\x07quality\x18\n \x01(\x02H\x00\x88\x01\x01\x12\x0c\n\x04path\x18\x0b \x01(\tB\n\n\x08_quality\"\xe4\x01\n\x03Hit\x12 \n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x11.ragline.v1.Chunk\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x36\n\x0cstage_scores\x18\x03 \x03(\x0b\x32 .ragline.v1.Hit.StageScoresEntry\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12%\n\x05terms\x18\x05 \x03(\x0b\x32\x16.ragline.v1.TermWeight\x12\x0b\n\x03via\x18\x06 \x01(\t\x1a\x32\n\x10StageScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"*\n\nTermWeight\x12\x0c\n\x04term\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x02\"=\n\x06\x46ilter\x12\x0f\n\x07\x64oc_ids\x18\x01 \x03(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x13\n\x0b\x63ollections\x18\x03 \x03(\t\"\xd9\x01\n\rSearchOptions\x12$\n\x04mode\x18\x01 \x01(\x0e\x32\x16.ragline.v1.SearchMode\x12\"\n\x06\x66usion\x18\x02 \x01(\x0e\x32\x12.ragline.v1.Fusion\x12\x15\n\rsparse_weight\x18\x03 \x01(\x02\x12\x14\n\x0c\x64\x65nse_weight\x18\x04 \x01(\x02\x12\"\n\x06\x66ilter\x18\x05 \x01(\x0b\x32\x12.ragline.v1.Filter\x12\x0f\n\x07\x65xplain\x18\x06 \x01(\x08\x12\x12\n\x05graph\x18\x07 \x01(\x08H\x00\x88\x01\x01\x42\x08\n\x06_graph\"[\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x03 \x01(\t\x12\r\n\x05pages\x18\x04 \x03(\x05\x12\x0e\n\x06source\x18\x05 \x01(\t\"/\n\x0cSparseVector\x12\x0f\n\x07indices\x18\x01 \x03(\x05\x12\x0e\n\x06values\x18\x02 \x03(\x02*p\n\nSearchMode\x12\x1b\n\x17SEARCH_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12SEARCH_MODE_SPARSE\x10\x01\x12\x15\n\x11SEARCH_MODE_DENSE\x10\x02\x12\x16\n\x12SEARCH_MODE_HYBRID\x10\x03*E\n\x06\x46usion\x12\x16\n\x12\x46USION_UNSPECIFIED\x10\x00\x12\x0e\n\nFUSION_RRF\x10\x01\x12\x13\n\x0f\x46USION_WEIGHTED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragline/v1/common.proto\x12\nragline.v1\"\xe0\x01\n\x05\x43hunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x0f\n\x07ordinal\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\r\n\x05pages\x18\x05 \x03(\x05\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x12\n\ntitle_path\x18\x07 \x03(\t\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12\x12\n\ncollection\x18\t \x01(\t\x12\x14\n\x07quality\x18\n \x01(\x02H\x00\x88\x01\x01\x12\x0c\n\x04path\x18\x0b \x01(\t\x12\x11\n\tdoc_title\x18\x0c \x01(\tB\n\n\x08_quality\"\xe4\x01\n\x03Hit\x12 \n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x11.ragline.v1.Chunk\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x36\n\x0cstage_scores\x18\x03 \x03(\x0b\x32 .ragline.v1.Hit.StageScoresEntry\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12%\n\x05terms\x18\x05 \x03(\x0b\x32\x16.ragline.v1.TermWeight\x12\x0b\n\x03via\x18\x06 \x01(\t\x1a\x32\n\x10StageScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"*\n\nTermWeight\x12\x0c\n\x04term\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x02\"=\n\x06\x46ilter\x12\x0f\n\x07\x64oc_ids\x18\x01 \x03(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x13\n\x0b\x63ollections\x18\x03 \x03(\t\"\xd9\x01\n\rSearchOptions\x12$\n\x04mode\x18\x01 \x01(\x0e\x32\x16.ragline.v1.SearchMode\x12\"\n\x06\x66usion\x18\x02 \x01(\x0e\x32\x12.ragline.v1.Fusion\x12\x15\n\rsparse_weight\x18\x03 \x01(\x02\x12\x14\n\x0c\x64\x65nse_weight\x18\x04 \x01(\x02\x12\"\n\x06\x66ilter\x18\x05 \x01(\x0b\x32\x12.ragline.v1.Filter\x12\x0f\n\x07\x65xplain\x18\x06 \x01(\x08\x12\x12\n\x05graph\x18\x07 \x01(\x08H\x00\x88\x01\x01\x42\x08\n\x06_graph\"[\n\x08\x43itation\x12\x0e\n\x06number\x18\x01 \x01(\x05\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x03 \x01(\t\x12\r\n\x05pages\x18\x04 \x03(\x05\x12\x0e\n\x06source\x18\x05 \x01(\t\"/\n\x0cSparseVector\x12\x0f\n\x07indices\x18\x01 \x03(\x05\x12\x0e\n\x06values\x18\x02 \x03(\x02*p\n\nSearchMode\x12\x1b\n\x17SEARCH_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12SEARCH_MODE_SPARSE\x10\x01\x12\x15\n\x11SEARCH_MODE_DENSE\x10\x02\x12\x16\n\x12SEARCH_MODE_HYBRID\x10\x03*E\n\x06\x46usion\x12\x16\n\x12\x46USION_UNSPECIFIED\x10\x00\x12\x0e\n\nFUSION_RRF\x10\x01\x12\x13\n\x0f\x46USION_WEIGHTED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,24 +33,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HIT_STAGESCORESENTRY']._loaded_options = None
   _globals['_HIT_STAGESCORESENTRY']._serialized_options = b'8\001'
-  _globals['_SEARCHMODE']._serialized_start=947
-  _globals['_SEARCHMODE']._serialized_end=1059
-  _globals['_FUSION']._serialized_start=1061
-  _globals['_FUSION']._serialized_end=1130
+  _globals['_SEARCHMODE']._serialized_start=966
+  _globals['_SEARCHMODE']._serialized_end=1078
+  _globals['_FUSION']._serialized_start=1080
+  _globals['_FUSION']._serialized_end=1149
   _globals['_CHUNK']._serialized_start=40
-  _globals['_CHUNK']._serialized_end=245
-  _globals['_HIT']._serialized_start=248
-  _globals['_HIT']._serialized_end=476
-  _globals['_HIT_STAGESCORESENTRY']._serialized_start=426
-  _globals['_HIT_STAGESCORESENTRY']._serialized_end=476
-  _globals['_TERMWEIGHT']._serialized_start=478
-  _globals['_TERMWEIGHT']._serialized_end=520
-  _globals['_FILTER']._serialized_start=522
-  _globals['_FILTER']._serialized_end=583
-  _globals['_SEARCHOPTIONS']._serialized_start=586
-  _globals['_SEARCHOPTIONS']._serialized_end=803
-  _globals['_CITATION']._serialized_start=805
-  _globals['_CITATION']._serialized_end=896
-  _globals['_SPARSEVECTOR']._serialized_start=898
-  _globals['_SPARSEVECTOR']._serialized_end=945
+  _globals['_CHUNK']._serialized_end=264
+  _globals['_HIT']._serialized_start=267
+  _globals['_HIT']._serialized_end=495
+  _globals['_HIT_STAGESCORESENTRY']._serialized_start=445
+  _globals['_HIT_STAGESCORESENTRY']._serialized_end=495
+  _globals['_TERMWEIGHT']._serialized_start=497
+  _globals['_TERMWEIGHT']._serialized_end=539
+  _globals['_FILTER']._serialized_start=541
+  _globals['_FILTER']._serialized_end=602
+  _globals['_SEARCHOPTIONS']._serialized_start=605
+  _globals['_SEARCHOPTIONS']._serialized_end=822
+  _globals['_CITATION']._serialized_start=824
+  _globals['_CITATION']._serialized_end=915
+  _globals['_SPARSEVECTOR']._serialized_start=917
+  _globals['_SPARSEVECTOR']._serialized_end=964
 # @@protoc_insertion_point(module_scope)

@@ -28,7 +28,7 @@ FUSION_RRF: Fusion
 FUSION_WEIGHTED: Fusion
 
 class Chunk(_message.Message):
-    __slots__ = ("chunk_id", "doc_id", "ordinal", "text", "pages", "source", "title_path", "kind", "collection", "quality", "path")
+    __slots__ = ("chunk_id", "doc_id", "ordinal", "text", "pages", "source", "title_path", "kind", "collection", "quality", "path", "doc_title")
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class Chunk(_message.Message):
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     QUALITY_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    DOC_TITLE_FIELD_NUMBER: _ClassVar[int]
     chunk_id: str
     doc_id: str
     ordinal: int
@@ -51,7 +52,8 @@ class Chunk(_message.Message):
     collection: str
     quality: float
     path: str
-    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ..., pages: _Optional[_Iterable[int]] = ..., source: _Optional[str] = ..., title_path: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., collection: _Optional[str] = ..., quality: _Optional[float] = ..., path: _Optional[str] = ...) -> None: ...
+    doc_title: str
+    def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ..., pages: _Optional[_Iterable[int]] = ..., source: _Optional[str] = ..., title_path: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., collection: _Optional[str] = ..., quality: _Optional[float] = ..., path: _Optional[str] = ..., doc_title: _Optional[str] = ...) -> None: ...
 
 class Hit(_message.Message):
     __slots__ = ("chunk", "score", "stage_scores", "rank", "terms", "via")

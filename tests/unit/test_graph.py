@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from graph.build import GraphConfig, GraphIndex
 from graph.entities import mentions, units
-from graph.walk import GraphPath, WalkConfig, link, parts, walk
+from graph.walk import GraphPath, WalkConfig, link, named_documents, parts, walk
 from ragline.types import Chunk, Hit
 
 pytestmark = pytest.mark.unit
@@ -167,7 +168,7 @@ def test_fused_hits_take_the_ranks_before_depth_and_respect_the_filter() -> None
     path = GraphPath(index, WalkConfig(), slots=1, depth=2)
     ranked = _hits([every["other-00000"], every["hub-00000"], every["hub-00001"]])
 
-    async def search(text: str, k: int) -> list[Hit]:
+    async def search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
         return []
 
     def get(ids: Sequence[str]) -> list[Chunk]:
@@ -195,7 +196,7 @@ def test_each_part_of_a_two_part_question_is_searched() -> None:
     lake = chunk("lake", 0, "The lake freezes in January.")
     asked: list[str] = []
 
-    async def search(text: str, k: int) -> list[Hit]:
+    async def search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
         asked.append(text)
         return [Hit(lake, 0.5)] if "freeze" in text else []
 
@@ -208,3 +209,28 @@ def test_each_part_of_a_two_part_question_is_searched() -> None:
     )
     assert used and len(asked) == 2
     assert fused[-1].chunk.chunk_id == "lake-00000" and fused[-1].via == "part 2 of the question"
+
+
+def test_a_part_that_names_a_document_is_searched_in_it_without_the_title() -> None:
+    guide = [replace(c, doc_title="The Lantern Keeper's Handbook") for c in docs("hub")["hub"][1]]
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    index.sync({"hub": ("hash-hub", guide), **docs("other")})
+    assert index.tables.titles == {"the lantern keeper's handbook": ["hub"]}
+    found, rest = named_documents(
+        "As The Lantern Keeper's Handbook says, wicks burn.", index.tables
+    )
+    assert found == ["hub"] and rest == "As says, wicks burn."
+    asked: list[tuple[str, tuple[str, ...]]] = []
+
+    async def search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
+        asked.append((text, doc_ids))
+        return []
+
+    question = (
+        "The Lantern Keeper's Handbook tells keepers how to trim wicks before dusk. "
+        "Which oil burns longest in a storm lantern?"
+    )
+    path = GraphPath(index, WalkConfig(), slots=2)
+    asyncio.run(path.expand(question, [], 10, search, lambda ids: [], lambda c: True))
+    assert asked[0] == ("tells keepers how to trim wicks before dusk.", ("hub",))
+    assert asked[1][1] == ()

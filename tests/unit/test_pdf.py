@@ -6,7 +6,8 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from ingest.pdf import PdfLimits, clean_page_text, read_pdf
+from ingest.batch import parse_document
+from ingest.pdf import PdfLimits, clean_page_text, document_title, read_pdf
 from ragline.errors import InvalidArgument
 
 pytestmark = pytest.mark.unit
@@ -76,3 +77,25 @@ def test_zero_page_pdf_is_refused() -> None:
     )
     with pytest.raises(InvalidArgument, match="no pages"):
         read_pdf(data, "empty.pdf")
+
+
+@pytest.mark.parametrize(
+    ("metadata", "first_page", "title"),
+    [
+        ("", "Handbook of Lantern Care\nEdition for keepers", "Handbook of Lantern Care"),
+        ("The Lantern Book", "Running header 12", "The Lantern Book"),
+        ("", "Draft version March 3, 2024\nBody", ""),  # a dated running header
+        ("Microsoft Word - notes.doc", "Keeper Notes\n", "Keeper Notes"),
+        ("", "Lanterns\n", ""),  # one word
+    ],
+)
+def test_a_document_title_comes_from_metadata_or_the_first_line(
+    metadata: str, first_page: str, title: str
+) -> None:
+    assert document_title(metadata, first_page) == title
+
+
+def test_every_chunk_carries_its_document_title(make_pdf: Callable[..., Path]) -> None:
+    path = make_pdf("care.pdf", ["Handbook of Lantern Care\nTrim the wick.", "Fill the oil."])
+    parsed = parse_document(path.read_bytes(), path.name)
+    assert {c.doc_title for c in parsed.chunks} == {"Handbook of Lantern Care"}
