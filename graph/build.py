@@ -56,6 +56,9 @@ class GraphConfig:
     relates everything to everything (1.0: no cap)."""
     parse: bool = True
     """Label relations with spaCy's dependency parse (off: co-occurrence only)."""
+    parse_every_unit: bool = False
+    """Parse every unit, as a graph built by reading the whole corpus with its model would
+    (``bench/graph.py``'s ``everywhere`` baseline; never needed to serve)."""
 
 
 @dataclass(slots=True)
@@ -148,7 +151,8 @@ class GraphIndex:
                 report.added += 1
                 changed = True
             tables = _Tables.count(self._docs, self.config)
-            needed = tables.units_to_parse(self._docs) if self.config.parse else {}
+            every = self.config.parse_every_unit
+            needed = tables.units_to_parse(self._docs, every) if self.config.parse else {}
             missing = {h: u for h, u in needed.items() if h not in self._parsed}
             if missing:
                 parse_started = time.perf_counter()
@@ -212,7 +216,7 @@ class GraphIndex:
             json.dumps(
                 {
                     "format": FORMAT_VERSION,
-                    "config": [self.config.threshold, self.config.max_df, self.config.parse],
+                    "config": self._config_key(),
                     "docs": {
                         d: [doc.content_hash, doc.collection, doc.chunks, doc.entities, doc.title]
                         for d, doc in self._docs.items()
@@ -236,6 +240,10 @@ class GraphIndex:
         for tmp in self.path.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
 
+    def _config_key(self) -> list[Any]:
+        c = self.config
+        return [c.threshold, c.max_df, c.parse, c.parse_every_unit]
+
     def _load(self) -> None:
         """Read the persisted graph; one that fails its checksum, or was built with other
         settings, is rebuilt by the next :meth:`sync` (it is derived from the index)."""
@@ -256,8 +264,7 @@ class GraphIndex:
                 "graph in %s unreadable (%s): it is rebuilt from the index", self.path, exc
             )
             return
-        config = [self.config.threshold, self.config.max_df, self.config.parse]
-        if state.get("format") != FORMAT_VERSION or state.get("config") != config:
+        if state.get("format") != FORMAT_VERSION or state.get("config") != self._config_key():
             logger.info("graph in %s was built with other settings: rebuilding", self.path)
             return
         self._docs = {
@@ -324,14 +331,17 @@ class _Tables:
         )
         return cls(dict(df), dense, aliases, n_chunks)
 
-    def units_to_parse(self, docs: Mapping[str, _Doc]) -> dict[str, tuple[str, str, int]]:
-        """Units naming two or more dense entities: ``chunk id:unit ordinal`` (stable for a
-        document's content: chunk ids derive from its hash) → (doc id, chunk id, ordinal)."""
+    def units_to_parse(
+        self, docs: Mapping[str, _Doc], every: bool = False
+    ) -> dict[str, tuple[str, str, int]]:
+        """Units naming two or more dense entities (``every``: all units): ``chunk id:unit
+        ordinal`` (stable for a document's content: chunk ids derive from its hash) → (doc
+        id, chunk id, ordinal)."""
         out: dict[str, tuple[str, str, int]] = {}
         for doc_id, doc in docs.items():
             for chunk_id, unit_list in doc.chunks.items():
                 for i, unit in enumerate(unit_list):
-                    if len({self.aliases.get(k, k) for k in unit} & self.dense) > 1:
+                    if every or len({self.aliases.get(k, k) for k in unit} & self.dense) > 1:
                         out[f"{chunk_id}:{i}"] = (doc_id, chunk_id, i)
         return out
 
