@@ -41,6 +41,7 @@ def build_report(
         "answers": answer_metrics(ok),
         "latency_ms": _latencies(ok, ("retrieve", "answer", "first_token", "retrieve_cache_hit")),
         "cache_hit_ratio": sum(bool(h) for h in hits) / len(hits) if hits else None,
+        "graph": _graph_use(ok),
         "by_type": by_type,
         "counts": {
             "questions": len(rows),
@@ -50,6 +51,23 @@ def build_report(
         },
         "errors": [*load_errors, *(f"{r['id']}: {r['error']}" for r in rows if "error" in r)],
         "config": config,
+    }
+
+
+def _graph_use(rows: Sequence[dict]) -> dict[str, Any]:
+    """How much of the top 10 the graph path brought (``via`` set), and the retrieval latency
+    of the questions that took it against the others."""
+    took = [r for r in rows if r.get("graph_hits")]
+    others = [r for r in rows if not r.get("graph_hits")]
+    return {
+        "questions_with_graph_hits": len(took),
+        "graph_hits_in_top10": sum(r["graph_hits"] for r in took),
+        "by_type": {
+            kind: sum(1 for r in took if r["type"] == kind)
+            for kind in sorted({r["type"] for r in took})
+        },
+        "retrieve_ms_with": _latencies(took, ("retrieve",))["retrieve"],
+        "retrieve_ms_without": _latencies(others, ("retrieve",))["retrieve"],
     }
 
 
@@ -66,6 +84,17 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
+
+
+def _graph_line(graph: dict[str, Any]) -> str:
+    if not graph.get("questions_with_graph_hits"):
+        return "no hit in any top 10 came from it (off, or no question took it)"
+    return (
+        f"{graph['questions_with_graph_hits']} questions had graph hits in their top 10 "
+        f"({graph['graph_hits_in_top10']} hits); Retrieve p50/p95/p99 "
+        f"{_lat(graph['retrieve_ms_with'])} for them, {_lat(graph['retrieve_ms_without'])} "
+        "for the others"
+    )
 
 
 def summary_table(report: dict[str, Any]) -> str:
@@ -104,6 +133,7 @@ def summary_table(report: dict[str, Any]) -> str:
         f"{_fmt(cred.get('unanswerable_reaching_generator'))}",
         f"- Strict retrieval (gold page and gold answer in the chunk): R@10 "
         f"{_fmt(((report['retrieval'] or {}).get('strict') or {}).get('recall@10'))}",
+        f"- Graph path: {_graph_line(report.get('graph') or {})}",
         f"- Errors: {report['counts']['errors']}",
     ]
     if lat.get("answer"):
