@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graph.entities import common, units
+from graph.entities import units
 from ragline.errors import DataLoss
 from ragline.types import Chunk
 
@@ -354,7 +354,7 @@ class _Tables:
         edges: dict[str, dict[str, Edge]] = defaultdict(dict)
         titles: dict[str, list[str]] = defaultdict(list)
         for doc_id, doc in docs.items():
-            if doc.title and not common(doc.title):
+            if doc.title:
                 titles[doc.title].append(doc_id)
             for key, value in doc.entities.items():
                 key = self.aliases.get(key, key)
