@@ -159,11 +159,11 @@ class GraphPath:
 
     ``Retrieve`` (``append=False``): up to ``slots`` chunks not already ranked are placed just
     before rank ``depth`` (10: the ranks a reader looks at), so the first ``depth - slots``
-    hybrid hits never move and the others move down. ``Answer``
-    (``append=True``): they join the candidates after the hybrid ones, and the evidence filter
-    judges them like any other. They are taken in turns: each part's best, then the walk's.
-    A hybrid hit the walk also reached keeps its place and gains the relation (``via``) and a
-    ``graph`` stage score.
+    hybrid hits never move and the others move down. ``Answer`` (``append=True``), only for a
+    question that asks several things: they join the candidates after the hybrid ones, and the
+    evidence filter judges them like any other. They are taken in turns: each part's best, then
+    the walk's. A hybrid hit the walk also reached keeps its place and gains the relation
+    (``via``) and a ``graph`` stage score.
     """
 
     def __init__(
@@ -197,8 +197,11 @@ class GraphPath:
         request's own retrieval (same options and filters; ``doc_ids`` narrows it further), for
         the parts. A part that names a document by its title is searched, without the title,
         in that document."""
-        found = walk(self.index, query, self.config)
         pieces = parts(query)
+        # Answer takes the walk's chunks only for a question that asks several things: on the
+        # dev set, single questions gained no answer from them, and one unanswerable question
+        # got a passage through the evidence filter that a wrong answer was quoted from.
+        found = walk(self.index, query, self.config) if pieces or not append else []
         if (not found and not pieces) or self.slots == 0:
             return list(hits), False
         by_id = {g.chunk_id: g for g in found}

@@ -183,11 +183,16 @@ def test_fused_hits_take_the_ranks_before_depth_and_respect_the_filter() -> None
         path.expand(question, ranked, 3, search, get, lambda c: c.doc_id == "other")
     )
     assert [h.chunk.chunk_id for h in blocked] == [h.chunk.chunk_id for h in ranked]
-    appended, _ = asyncio.run(
+    appended, used = asyncio.run(
         path.expand(question, ranked, 3, search, get, lambda c: True, append=True)
     )
+    assert not used and appended == ranked  # Answer: a one-part question takes no walk hits
+    two_parts = "The guide covers plink.run. Where does plink.run write its log file?"
+    appended, used = asyncio.run(
+        path.expand(two_parts, ranked, 3, search, get, lambda c: True, append=True)
+    )
     assert [h.chunk.chunk_id for h in appended[:3]] == [h.chunk.chunk_id for h in ranked]
-    assert len(appended) == 4 and appended[3].via
+    assert used and len(appended) == 4 and appended[3].via
 
 
 def test_each_part_of_a_two_part_question_is_searched() -> None:
