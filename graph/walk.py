@@ -153,6 +153,19 @@ def parts(query: str) -> list[str]:
     return out if len(out) > 1 else []
 
 
+_ASKING = re.compile(
+    r"(what|which|how|where|when|who|whom|whose|why|within|in what|for what)\b", re.IGNORECASE
+)
+
+
+def asks(query: str) -> list[str]:
+    """The parts of a multi-part question that ask something (a question mark, or a question
+    word first), not those that set the scene ("X says Y."): empty for a one-part question.
+    The evidence filter reads a passage against each, as it was trained on one-part
+    questions."""
+    return [p for p in parts(query) if p.endswith("?") or _ASKING.match(p)]
+
+
 class GraphPath:
     """The graph stage of a request: walk the entity graph, search a multi-part question's
     parts, and fuse what they find with the ranking.

@@ -18,7 +18,7 @@ from pathlib import Path
 from credibility.filter import EvidenceFilter
 from generator.core import AnswerGenerator
 from graph.build import SyncReport
-from graph.walk import GraphPath
+from graph.walk import GraphPath, asks
 from ingest.batch import FileResult, IngestReport, duplicate_uploads, ingest_one, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, doc_id_for
@@ -337,20 +337,26 @@ class Gateway:
             return fallback.name, await fallback.score(query, hits), fallback.threshold
 
     async def select_evidence(
-        self, query: str, hits: Sequence[Hit], threshold: float = 0.0
+        self, query: str, hits: Sequence[Hit], threshold: float = 0.0, asks: Sequence[str] = ()
     ) -> list[Hit]:
-        """Hits whose filter score reaches ``threshold`` (0 = the filter's own).
+        """Hits whose filter score reaches ``threshold`` (0 = the filter's own). ``asks``: the
+        asking parts of a multi-part question; a hit's score is then the best of its score for
+        the whole question and for each part (a two-passage answer has each passage answer
+        one part).
 
         Raises:
             Unavailable: the filter could not score and no fallback is configured; evidence
                 is never passed on unfiltered.
         """
-        name, scores, threshold = await self.score_hits(query, hits, threshold)
+        requested = threshold
+        name, scores, threshold = await self.score_hits(query, hits, requested)
+        for ask in asks:
+            _, more, _ = await self.score_hits(ask, hits, requested)
+            scores = [max(a, b) for a, b in zip(scores, more, strict=True)]
         kept = []
         for hit, score in zip(hits, scores, strict=True):
             if score >= threshold:
-                stage = dict(hit.stage_scores, **{name: score})
-                kept.append(Hit(chunk=hit.chunk, score=hit.score, stage_scores=stage))
+                kept.append(replace(hit, stage_scores=dict(hit.stage_scores, **{name: score})))
         return kept
 
     # -- answers ---------------------------------------------------------------------------
@@ -372,7 +378,8 @@ class Gateway:
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
-        evidence = await self.select_evidence(text, retrieved.hits, threshold)
+        multi = asks(text) if self.graph is not None and search_options.graph else []
+        evidence = await self.select_evidence(text, retrieved.hits, threshold, multi)
         timings["credibility_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         answer: Answer | None = None

@@ -14,7 +14,7 @@ import pytest
 
 from graph.build import GraphConfig, GraphIndex
 from graph.entities import mentions, units
-from graph.walk import GraphPath, WalkConfig, link, named_documents, parts, walk
+from graph.walk import GraphPath, WalkConfig, asks, link, named_documents, parts, walk
 from ragline.types import Chunk, Hit
 
 pytestmark = pytest.mark.unit
@@ -154,6 +154,9 @@ def test_a_question_that_asks_two_things_has_two_parts() -> None:
     assert len(two) == 2
     joined = parts("What size is the blue lid, and within what tolerance must lids fit?")
     assert joined == ["What size is the blue lid", "within what tolerance must lids fit?"]
+    # the parts the evidence filter reads a passage against: those that ask, not the scene
+    assert asks(two[0] + " " + two[1]) == [two[1]]
+    assert asks("What colour is the lid?") == []
 
 
 def _hits(chunks: Sequence[Chunk]) -> list[Hit]:
