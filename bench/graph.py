@@ -8,7 +8,8 @@ e.g. all of Debian's ``texlive-publishers-doc`` plus the R manuals). Each varian
 fresh process, so time and peak memory are its own:
 
 - ``selective``: entities of degree > threshold (default 5) named in at most 5% of the chunks
-  become nodes; only units naming two of them are parsed for relation labels;
+  become nodes; each node's 5 strongest relations are labelled from the first unit that holds
+  them (the relations the query walk follows);
 - ``full``: threshold 0 and no frequency cap — every entity a node, every unit with two
   entities parsed;
 - ``everywhere``: the full graph with every unit read by the model, as a graph built by reading
@@ -78,8 +79,8 @@ def _child(args: argparse.Namespace) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     config = {
         "selective": GraphConfig(threshold=args.threshold),
-        "full": GraphConfig(threshold=0, max_df=1.0),
-        "everywhere": GraphConfig(threshold=0, max_df=1.0, parse_every_unit=True),
+        "full": GraphConfig(threshold=0, max_df=1.0, label_top=0),
+        "everywhere": GraphConfig(threshold=0, max_df=1.0, label_top=0, parse_every_unit=True),
     }[args.variant]
     index = GraphIndex(config)
     index._spacy()  # the model's load is the same for both: not part of the build

@@ -56,6 +56,10 @@ class GraphConfig:
     relates everything to everything (1.0: no cap)."""
     parse: bool = True
     """Label relations with spaCy's dependency parse (off: co-occurrence only)."""
+    label_top: int = 5
+    """Relations labelled per node: its strongest ones, each from the first unit that holds
+    it — the relations the query walk follows (``RAGLINE_GRAPH_NEIGHBOURS``). 0: every unit
+    naming two nodes is parsed (the full graph's way)."""
     parse_every_unit: bool = False
     """Parse every unit, as a graph built by reading the whole corpus with its model would
     (``bench/graph.py``'s ``everywhere`` baseline; never needed to serve)."""
@@ -79,6 +83,8 @@ class Edge:
     weight: int = 0
     sources: set[str] = field(default_factory=set)
     labels: Counter[str] = field(default_factory=Counter)
+    first: str = ""
+    """The first unit (``chunk id:ordinal``, in the index's document order) that holds both."""
 
     @property
     def label(self) -> str:
@@ -151,8 +157,13 @@ class GraphIndex:
                 report.added += 1
                 changed = True
             tables = _Tables.count(self._docs, self.config)
+            tables.link(self._docs, {})  # the edges and their weights: which to label
             every = self.config.parse_every_unit
-            needed = tables.units_to_parse(self._docs, every) if self.config.parse else {}
+            needed = (
+                tables.units_to_parse(self._docs, every, self.config.label_top)
+                if self.config.parse
+                else {}
+            )
             missing = {h: u for h, u in needed.items() if h not in self._parsed}
             if missing:
                 parse_started = time.perf_counter()
@@ -242,7 +253,7 @@ class GraphIndex:
 
     def _config_key(self) -> list[Any]:
         c = self.config
-        return [c.threshold, c.max_df, c.parse, c.parse_every_unit]
+        return [c.threshold, c.max_df, c.parse, c.label_top, c.parse_every_unit]
 
     def _load(self) -> None:
         """Read the persisted graph; one that fails its checksum, or was built with other
@@ -332,12 +343,23 @@ class _Tables:
         return cls(dict(df), dense, aliases, n_chunks)
 
     def units_to_parse(
-        self, docs: Mapping[str, _Doc], every: bool = False
+        self, docs: Mapping[str, _Doc], every: bool = False, top: int = 0
     ) -> dict[str, tuple[str, str, int]]:
-        """Units naming two or more dense entities (``every``: all units): ``chunk id:unit
-        ordinal`` (stable for a document's content: chunk ids derive from its hash) → (doc
-        id, chunk id, ordinal)."""
+        """The units to parse: with ``top``, the first unit of each node's ``top`` strongest
+        relations (needs :meth:`link` run first); else those naming two or more dense
+        entities (``every``: all units). ``chunk id:unit ordinal`` (stable for a document's
+        content: chunk ids derive from its hash) → (doc id, chunk id, ordinal)."""
         out: dict[str, tuple[str, str, int]] = {}
+        if top and not every:
+            wanted: set[str] = set()
+            for relations in self.edges.values():
+                strongest = sorted(relations.items(), key=lambda kv: (-kv[1].weight, kv[0]))
+                wanted.update(edge.first for _, edge in strongest[:top])
+            doc_of = {c: d for d, doc in docs.items() for c in doc.chunks}
+            for name in wanted:
+                first_chunk, ordinal = name.rsplit(":", 1)
+                out[name] = (doc_of[first_chunk], first_chunk, int(ordinal))
+            return out
         for doc_id, doc in docs.items():
             for chunk_id, unit_list in doc.chunks.items():
                 for i, unit in enumerate(unit_list):
@@ -371,7 +393,7 @@ class _Tables:
                         for b in keys[a_i + 1 :]:
                             edge = edges[a].get(b)
                             if edge is None:
-                                edge = edges[a][b] = edges[b][a] = Edge()
+                                edge = edges[a][b] = edges[b][a] = Edge(first=f"{chunk_id}:{i}")
                             edge.weight += 1
                             edge.sources.add(chunk_id)
                     for a, verb, b in parsed.get(f"{chunk_id}:{i}", ()):

@@ -153,7 +153,7 @@ def build_graph(settings: Settings) -> GraphPath | None:
     if not g.enabled:
         return None
     index = GraphIndex(
-        GraphConfig(threshold=g.threshold, max_df=g.max_df, parse=g.parse),
+        GraphConfig(threshold=g.threshold, max_df=g.max_df, parse=g.parse, label_top=g.neighbours),
         g.dir or settings.retriever.index_dir / "graph",
     )
     return GraphPath(

@@ -523,7 +523,13 @@ class GraphSettings(BaseSettings):
         "run only on sentences naming two graph nodes.",
     )
     hops: int = Field(1, ge=1, le=2, description="Relations walked from the question's entities.")
-    neighbours: int = Field(5, ge=1, le=50, description="Strongest relations followed per entity.")
+    neighbours: int = Field(
+        5,
+        ge=1,
+        le=50,
+        description="Strongest relations followed per entity; the build labels (parses) just "
+        "these, each from the first sentence that holds it.",
+    )
     slots: int = Field(
         2,
         ge=0,

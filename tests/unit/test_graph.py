@@ -86,7 +86,7 @@ def test_a_table_row_header_and_its_column_headers_are_entities() -> None:
 
 def test_only_dense_entities_become_nodes_and_the_full_graph_parses_more() -> None:
     selective = GraphIndex(GraphConfig(threshold=4, max_df=1.0))
-    full = GraphIndex(GraphConfig(threshold=0, max_df=1.0))
+    full = GraphIndex(GraphConfig(threshold=0, max_df=1.0, label_top=0))
     few = selective.sync(docs("hub", "bridge", "other"))
     many = full.sync(docs("hub", "bridge", "other"))
     assert "zorb.load" in selective.tables.dense and "plink.run" in selective.tables.dense
