@@ -29,7 +29,7 @@ EPILOG = "Configuration (environment variables, with defaults):\n" + describe_se
 def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings()
     if getattr(args, "index_dir", None):
-        settings.retriever.index_dir = args.index_dir
+        settings.retriever.index_dir = Path(args.index_dir)
     if getattr(args, "port", None) is not None:
         settings.server.port = args.port
     if getattr(args, "host", None):

@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -154,7 +155,7 @@ def build_graph(settings: Settings) -> GraphPath | None:
         return None
     index = GraphIndex(
         GraphConfig(threshold=g.threshold, max_df=g.max_df, parse=g.parse, label_top=g.neighbours),
-        g.dir or settings.retriever.index_dir / "graph",
+        Path(g.dir or Path(settings.retriever.index_dir) / "graph"),
     )
     return GraphPath(
         index,
