@@ -195,7 +195,7 @@ def _options(args: argparse.Namespace) -> Any:
     from ragline.v1 import common_pb2
     from services.convert import FUSION_TO_PB, MODE_TO_PB
 
-    return common_pb2.SearchOptions(
+    options = common_pb2.SearchOptions(
         mode=MODE_TO_PB[args.mode] if args.mode else common_pb2.SEARCH_MODE_UNSPECIFIED,
         fusion=FUSION_TO_PB[args.fusion] if args.fusion else common_pb2.FUSION_UNSPECIFIED,
         filter=common_pb2.Filter(
@@ -203,6 +203,9 @@ def _options(args: argparse.Namespace) -> Any:
         ),
         explain=bool(getattr(args, "explain", False)),
     )
+    if getattr(args, "no_graph", False):  # unset: the server's default
+        options.graph = False
+    return options
 
 
 def cmd_answer(args: argparse.Namespace) -> int:
@@ -539,6 +542,11 @@ def build_parser() -> argparse.ArgumentParser:
             "--kind", action="append", choices=["text", "table", "code"], help="only this kind"
         )
         p.add_argument("--collection", action="append", help="only this collection (repeatable)")
+        p.add_argument(
+            "--no-graph",
+            action="store_true",
+            help="skip the graph path (entity walk, multi-part questions) for this request",
+        )
         if name == "retrieve":
             p.add_argument("--no-cache", action="store_true", help="bypass the query cache")
             p.add_argument(

@@ -3,6 +3,7 @@ generated PDFs whose tools relate densely."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -11,6 +12,7 @@ import pytest_asyncio
 
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import DenseEncoder, SpladeEncoder
+from services import cli
 from services.server import RunningServer, build_gateway, start_server
 from services.settings import Settings
 from tests.conftest import make_indexer, make_settings, write_pdf
@@ -116,3 +118,16 @@ async def test_the_graph_follows_deletes_and_reloads_from_disk(graph_server: Ser
     report = reloaded.sync_graph()
     assert report is not None and (report.added, report.units_parsed) == (0, 0)
     assert reloaded.graph.index.tables.postings == after
+
+
+async def test_the_cli_shows_graph_hits_and_can_turn_the_path_off(
+    graph_server: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running, _ = graph_server
+    question = "Which file does snorp.init rebuild when the root variable is missing?"
+    target = ["--target", f"127.0.0.1:{running.port}", "-k", "4"]
+    assert await asyncio.to_thread(cli.main, ["retrieve", question, *target]) == 0
+    assert "graph: snorp.init" in capsys.readouterr().out
+    off = ["retrieve", question, *target, "--no-graph"]
+    assert await asyncio.to_thread(cli.main, off) == 0
+    assert "graph:" not in capsys.readouterr().out
