@@ -124,6 +124,8 @@ class GraphIndex:
         self._lock = threading.Lock()
         self._nlp: Any = None
         self.tables = _Tables.empty()
+        self._derived = False
+        """Whether ``tables`` reflect ``_docs`` (read from disk, or built by a sync)."""
         if path is not None:
             self._load()
 
@@ -156,8 +158,10 @@ class GraphIndex:
                 self._docs[doc_id] = _read(content_hash, chunks)
                 report.added += 1
                 changed = True
+            if not changed and self._derived:  # a restart over the same index: nothing to do
+                return self._report(report, started)
             tables = _Tables.count(self._docs, self.config)
-            tables.link(self._docs, {})  # the edges and their weights: which to label
+            tables.link(self._docs)
             every = self.config.parse_every_unit
             needed = (
                 tables.units_to_parse(self._docs, every, self.config.label_top)
@@ -175,15 +179,19 @@ class GraphIndex:
             # entity's): the persisted graph holds only what the current one uses.
             for h in [h for h in self._parsed if h not in needed]:
                 del self._parsed[h]
-            tables.link(self._docs, self._parsed)
-            self.tables = tables
+            tables.label(self._parsed)
+            self.tables, self._derived = tables, True
             if changed and self.path is not None:
                 self._save()
-            report.entities = len(tables.df)
-            report.dense = len(tables.dense)
-            report.relations = sum(len(n) for n in tables.edges.values()) // 2
-            report.seconds = time.perf_counter() - started
-            return report
+            return self._report(report, started)
+
+    def _report(self, report: SyncReport, started: float) -> SyncReport:
+        tables = self.tables
+        report.entities = len(tables.df)
+        report.dense = len(tables.dense)
+        report.relations = sum(len(n) for n in tables.edges.values()) // 2
+        report.seconds = time.perf_counter() - started
+        return report
 
     def stats(self) -> dict[str, float]:
         t = self.tables
@@ -286,8 +294,9 @@ class GraphIndex:
             h: [(str(a), str(v), str(b)) for a, v, b in ts] for h, ts in state["parsed"].items()
         }
         tables = _Tables.count(self._docs, self.config)
-        tables.link(self._docs, self._parsed)
-        self.tables = tables
+        tables.link(self._docs)
+        tables.label(self._parsed)
+        self.tables, self._derived = tables, True
 
 
 class _Tables:
@@ -367,11 +376,9 @@ class _Tables:
                         out[f"{chunk_id}:{i}"] = (doc_id, chunk_id, i)
         return out
 
-    def link(
-        self, docs: Mapping[str, _Doc], parsed: Mapping[str, list[tuple[str, str, str]]]
-    ) -> None:
-        """Pass 2's tables: edges between dense entities with their sources and labels,
-        postings and names of the dense entities."""
+    def link(self, docs: Mapping[str, _Doc]) -> None:
+        """Edges between dense entities with their weights and sources, postings, names and
+        titles (labels come from :meth:`label`)."""
         postings: dict[str, list[str]] = defaultdict(list)
         edges: dict[str, dict[str, Edge]] = defaultdict(dict)
         titles: dict[str, list[str]] = defaultdict(list)
@@ -396,15 +403,20 @@ class _Tables:
                                 edge = edges[a][b] = edges[b][a] = Edge(first=f"{chunk_id}:{i}")
                             edge.weight += 1
                             edge.sources.add(chunk_id)
-                    for a, verb, b in parsed.get(f"{chunk_id}:{i}", ()):
-                        a, b = self.aliases.get(a, a), self.aliases.get(b, b)
-                        if a in edges and b in edges[a]:
-                            edges[a][b].labels[f"{a}|{verb}|{b}"] += 1
                 for key in named:
                     postings[key].append(chunk_id)
         self.postings = dict(postings)
         self.edges = dict(edges)
         self.titles = dict(titles)
+
+    def label(self, parsed: Mapping[str, list[tuple[str, str, str]]]) -> None:
+        """Pass 2: each parsed unit's (subject, verb, object) triples label their edges."""
+        for unit in sorted(parsed):
+            for a, verb, b in parsed[unit]:
+                a, b = self.aliases.get(a, a), self.aliases.get(b, b)
+                edge = self.edges.get(a, {}).get(b)
+                if edge is not None:
+                    edge.labels[f"{a}|{verb}|{b}"] += 1
 
 
 def _read(content_hash: str, chunks: Sequence[Chunk]) -> _Doc:

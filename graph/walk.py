@@ -112,7 +112,7 @@ def walk(index: GraphIndex, query: str, config: WalkConfig | None = None) -> lis
         reach(seed, 1.0, f"{_name(tables, seed)} (in the question)")
     frontier = [(seed, 1.0) for seed in seeds]
     visited = set(seeds)
-    for hop in range(config.hops):
+    for _ in range(min(config.hops, 2)):
         next_frontier: list[tuple[str, float]] = []
         for key, weight in frontier:
             relations = tables.edges.get(key, {})
@@ -127,8 +127,6 @@ def walk(index: GraphIndex, query: str, config: WalkConfig | None = None) -> lis
                 next_frontier.append((other, w))
         visited.update(k for k, _ in next_frontier)
         frontier = next_frontier
-        if hop + 1 >= 2:
-            break
     ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[: config.max_hits]
     return [GraphHit(c, s, via[c][1]) for c, s in ranked]
 

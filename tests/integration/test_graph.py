@@ -131,3 +131,34 @@ async def test_the_cli_shows_graph_hits_and_can_turn_the_path_off(
     off = ["retrieve", question, *target, "--no-graph"]
     assert await asyncio.to_thread(cli.main, off) == 0
     assert "graph:" not in capsys.readouterr().out
+
+
+async def test_expand_refuses_bad_input_with_a_clear_status(graph_server: Served) -> None:
+    running, _ = graph_server
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.internal_port}") as channel:
+        graph = stages_pb2_grpc.GraphServiceStub(channel)
+        found = await stages_pb2_grpc.RetrieverServiceStub(channel).Search(
+            stages_pb2.SearchRequest(query="rotation", k=1)
+        )
+        hit = found.hits[0]
+        long_via = common_pb2.Hit(chunk=hit.chunk, via="x" * 10_000)
+        for request in (
+            stages_pb2.ExpandRequest(query="tarn.exec", hits=[hit], k=-1),
+            stages_pb2.ExpandRequest(query="tarn.exec", hits=[hit], k=10_000),
+            stages_pb2.ExpandRequest(query="tarn.exec " * 10_000, hits=[hit]),
+            stages_pb2.ExpandRequest(query="tarn.exec", hits=[hit] * 101),
+            stages_pb2.ExpandRequest(query="tarn.exec", hits=[long_via]),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await graph.Expand(request)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        try:  # an in-memory walk may beat even 1 ms on loopback; if not, the status is clear
+            await graph.Expand(
+                stages_pb2.ExpandRequest(query="tarn.exec", hits=[hit]), timeout=0.001
+            )
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        ok = await graph.Expand(
+            stages_pb2.ExpandRequest(query="What does tarn.exec write?", hits=[hit])
+        )
+        assert ok.hits  # the server is no worse for it
