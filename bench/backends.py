@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from retriever.backend import Filters, IndexBackend  # noqa: E402
 from retriever.qdrant_backend import QdrantBackend, QdrantMode  # noqa: E402
 from retriever.search import Retriever, SearchOptions  # noqa: E402
-from services.server import build_local_indexer  # noqa: E402
+from services.build import build_local_indexer  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 MODES = ("sparse", "dense", "hybrid")

@@ -36,7 +36,7 @@ from credibility.lexical import chunk_context  # noqa: E402
 from credibility.model import PairClassifier  # noqa: E402
 from credibility.pairs import read_pairs  # noqa: E402
 from credibility.train import _auc  # noqa: E402
-from services.server import build_local_indexer  # noqa: E402
+from services.build import build_local_indexer  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 

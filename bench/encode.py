@@ -45,7 +45,7 @@ from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
 from retriever.indexer import encoding_text  # noqa: E402
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE  # noqa: E402
-from services.server import build_local_indexer  # noqa: E402
+from services.build import build_local_indexer  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 

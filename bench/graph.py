@@ -45,7 +45,7 @@ def _documents(args: argparse.Namespace) -> dict[str, tuple[str, list[Any]]]:
 
     settings = Settings()
     if not args.pdfs:
-        from services.server import build_local_indexer
+        from services.build import build_local_indexer
 
         settings.retriever.index_dir = Path(args.index_dir)
         indexer = build_local_indexer(settings)

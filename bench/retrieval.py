@@ -37,7 +37,8 @@ from retriever.encoders import prune_rows  # noqa: E402
 from retriever.indexer import Indexer  # noqa: E402
 from retriever.search import Retriever, SearchOptions  # noqa: E402
 from retriever.sparse_index import ExactSparseIndex  # noqa: E402
-from services.server import build_gateway, build_local_indexer, start_server  # noqa: E402
+from services.build import build_gateway, build_local_indexer  # noqa: E402
+from services.server import start_server  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 MODES = ("sparse", "dense", "hybrid")

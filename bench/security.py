@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 from bench.retrieval import percentile, print_table  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.auth import new_token  # noqa: E402
+from services.build import build_gateway, build_local_indexer  # noqa: E402
 from services.client import open_channel  # noqa: E402
-from services.server import RunningServer, build_gateway, build_local_indexer, start_server  # noqa: E402
+from services.server import RunningServer, start_server  # noqa: E402
 from services.settings import ServerSettings, Settings  # noqa: E402
 from tests.certs import make_certs  # noqa: E402
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,7 +18,6 @@ from eval.corpus import corpus_manifest_for, ensure_corpus
 from eval.questions import LoadResult, load_beir, load_questions, load_squad2
 from eval.report import build_report, summary_table, write_outputs
 from eval.runner import Runner
-from ingest.batch import run_batch
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,21 +99,12 @@ async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tup
     running = await start_server(settings, warm_generator=options.answers)
     try:
         if pdfs:  # unchanged documents are skipped by content hash
-            gateway = running.gateway
-            report = await asyncio.to_thread(
-                run_batch,
-                pdfs,
-                gateway.indexer,
-                gateway.chunker,
-                gateway.pdf_limits,
-                options.progress,
-                workers=gateway.ingest_workers,
-                memory_limit_mb=gateway.worker_memory_mib,
+            report = await running.gateway.ingest_files(
+                [str(p) for p in pdfs], progress=options.progress
             )
             for r in report.results:
                 if r.status == "failed":
                     print(f"ingest failed: {r.source}: {r.reason}", file=sys.stderr)
-            await asyncio.to_thread(gateway.sync_graph)
         yield (
             f"127.0.0.1:{running.port}",
             f"127.0.0.1:{running.internal_port}",

@@ -44,8 +44,31 @@ class AnswerGenerator:
         self.focus_sentences = focus_sentences
         self.quote = quote
 
+    @property
+    def model_id(self) -> str:
+        return self.backend.model_id
+
     def warm_up(self) -> None:
         self.backend.warm_up()
+
+    def queue_depth(self) -> int | None:
+        """Requests waiting for an engine slot (None: the backend keeps no queue)."""
+        depth = getattr(self.backend, "queue_depth", None)
+        if depth is not None:  # length buckets: every bucket's queue
+            return int(depth())
+        admission = getattr(self.backend, "admission", None)
+        return None if admission is None else int(admission.waiting)
+
+    async def close(self) -> None:
+        """Stop the backend: vLLM's engine processes now, not at interpreter exit (on the
+        loop, not in a thread: its output task then ends quietly), an HTTP client's pool."""
+        aclose = getattr(self.backend, "aclose", None)
+        if aclose is not None:
+            await aclose()
+            return
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
 
     async def stream(
         self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0

@@ -114,6 +114,23 @@ class Retriever:
         self._inflight: dict[str, asyncio.Future[RetrievalResult]] = {}
         self.singleflight_joins = 0
 
+    def counters(self) -> dict[str, float]:
+        """The cache's lookups by outcome and the singleflight joins, since start."""
+        out = {"ragline_singleflight_joins_total": float(self.singleflight_joins)}
+        if self.cache is not None:
+            stats = self.cache.stats
+            out |= {
+                "ragline_cache_hits_total": stats.hits,
+                "ragline_cache_misses_total": stats.misses,
+                "ragline_cache_errors_total": stats.errors,
+                "ragline_cache_skipped_total": stats.skipped,
+            }
+        return out
+
+    async def close(self) -> None:
+        if self.cache is not None:
+            await self.cache.close()
+
     def model_ids(self) -> str:
         sparse = self.sparse.model_id + ("+idf-query" if self.query_encoder == "idf" else "")
         return sparse + ("|" + self.dense.model_id if self.dense else "")

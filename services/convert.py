@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from ingest.batch import FileResult, IngestReport
+from ingest.batch import FileResult, IngestReport, Status
 from ragline.errors import InvalidArgument
 from ragline.types import Answer, Chunk, Citation, Hit
-from ragline.v1 import common_pb2, ragline_pb2
-from retriever.search import RetrievalResult
+from ragline.v1 import common_pb2, ragline_pb2, stages_pb2
+from retriever.search import RetrievalResult, SearchOptions
 from services.gateway import AnswerResult
+from services.stages import IndexInfo
 
 _STATUS = {
     "ingested": ragline_pb2.IngestFileResult.INGESTED,
@@ -18,6 +19,7 @@ _STATUS = {
     "replaced": ragline_pb2.IngestFileResult.REPLACED,
     "failed": ragline_pb2.IngestFileResult.FAILED,
 }
+_STATUS_NAME = {value: name for name, value in _STATUS.items()}
 
 
 def chunk_to_pb(chunk: Chunk, expose_paths: bool = False) -> common_pb2.Chunk:
@@ -144,6 +146,90 @@ def options_from_pb(pb: common_pb2.SearchOptions) -> dict[str, Any]:
     return out
 
 
+def options_to_pb(options: SearchOptions) -> common_pb2.SearchOptions:
+    """Every field of a resolved ``SearchOptions`` (a gateway's call to a stage: the stage
+    applies exactly what the gateway decided)."""
+    return common_pb2.SearchOptions(
+        mode=MODE_TO_PB[options.mode],
+        fusion=FUSION_TO_PB[options.fusion],
+        sparse_weight=options.sparse_weight,
+        dense_weight=options.dense_weight,
+        filter=common_pb2.Filter(
+            doc_ids=list(options.doc_ids),
+            kinds=list(options.kinds),
+            collections=list(options.collections),
+        ),
+        explain=options.explain,
+        graph=options.graph,
+    )
+
+
+def citations_from_pb(citations: Sequence[common_pb2.Citation]) -> tuple[Citation, ...]:
+    return tuple(
+        Citation(
+            number=c.number,
+            chunk_id=c.chunk_id,
+            doc_id=c.doc_id,
+            pages=tuple(c.pages),
+            source=c.source,
+        )
+        for c in citations
+    )
+
+
+def answer_from_pb(pb: stages_pb2.GenerateResponse) -> Answer:
+    return Answer(
+        text=pb.answer,
+        citations=citations_from_pb(pb.citations),
+        insufficient=pb.insufficient,
+        reason=pb.reason,
+    )
+
+
+def retrieval_from_pb(pb: stages_pb2.SearchResponse) -> RetrievalResult:
+    return RetrievalResult(
+        hits=hits_from_pb(pb.hits),
+        cache_hit=pb.cache_hit,
+        generation=pb.index_generation,
+        timings_ms=dict(pb.timings_ms),
+    )
+
+
+def grant_to_pb(allowed: frozenset[str] | None) -> stages_pb2.CollectionGrant:
+    return stages_pb2.CollectionGrant(all=allowed is None, collections=sorted(allowed or ()))
+
+
+def grant_from_pb(pb: stages_pb2.CollectionGrant) -> frozenset[str] | None:
+    return None if pb.all else frozenset(pb.collections)
+
+
+def info_to_pb(info: IndexInfo) -> stages_pb2.DescribeResponse:
+    return stages_pb2.DescribeResponse(
+        index_generation=info.generation,
+        chunks=info.chunks,
+        collections={
+            name: stages_pb2.CollectionSize(documents=d, chunks=c)
+            for name, (d, c) in info.collections.items()
+        },
+        doc_collections=info.doc_collections,
+        models=info.models,
+        counters=info.counters,
+        dense=info.dense,
+    )
+
+
+def info_from_pb(pb: stages_pb2.DescribeResponse) -> IndexInfo:
+    return IndexInfo(
+        generation=pb.index_generation,
+        chunks=pb.chunks,
+        collections={n: (c.documents, c.chunks) for n, c in pb.collections.items()},
+        doc_collections=dict(pb.doc_collections),
+        models=dict(pb.models),
+        counters=dict(pb.counters),
+        dense=pb.dense,
+    )
+
+
 def citations_to_pb(citations: Sequence[Citation]) -> list[common_pb2.Citation]:
     return [
         common_pb2.Citation(
@@ -196,9 +282,24 @@ def file_result_to_pb(result: FileResult) -> ragline_pb2.IngestFileResult:
     )
 
 
-def ingest_to_pb(report: IngestReport, generation: int, total: int) -> ragline_pb2.IngestResponse:
+def ingest_to_pb(report: IngestReport, info: IndexInfo) -> ragline_pb2.IngestResponse:
     return ragline_pb2.IngestResponse(
         results=[file_result_to_pb(r) for r in report.results],
-        index_generation=generation,
-        chunks_total=total,
+        index_generation=info.generation,
+        chunks_total=info.chunks,
     )
+
+
+def ingest_from_pb(pb: ragline_pb2.IngestResponse) -> tuple[IngestReport, IndexInfo]:
+    results = [
+        FileResult(
+            r.source,
+            r.doc_id,
+            cast(Status, _STATUS_NAME.get(r.status, "failed")),
+            reason=r.reason,
+            pages=r.pages,
+            chunks=r.chunks,
+        )
+        for r in pb.results
+    ]
+    return IngestReport(results=results), IndexInfo(pb.index_generation, pb.chunks_total, {})

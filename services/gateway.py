@@ -1,7 +1,9 @@
-"""Gateway orchestration, typed: validate → retrieve (cache) → filter → generate → check.
+"""Gateway orchestration, typed: validate → retrieve (cache) → graph → filter → generate.
 
-No protobuf here: servicers convert at the edge. The same object serves the in-process
-embedded deployment and, behind the stage stubs, a split one.
+No protobuf here: servicers convert at the edge. The gateway talks to each stage through its
+protocol (``services.stages``), so the same object chains the stages in this process (role
+``all``) or in other processes (role ``gateway``); a stage role builds a gateway that holds just
+its own stage and serves it, under the same public bounds.
 """
 
 from __future__ import annotations
@@ -9,67 +11,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from typing import TypeVar
+
+from opentelemetry import trace
+from prometheus_client.core import Metric
 
 from credibility.filter import EvidenceFilter
-from generator.core import AnswerGenerator
-from graph.build import SyncReport
-from graph.walk import GraphPath, asks
-from ingest.batch import FileResult, IngestReport, duplicate_uploads, ingest_one, run_batch
-from ingest.chunker import ChunkerConfig
-from ingest.pdf import PdfLimits, doc_id_for
-from ragline.errors import InvalidArgument, NotFound, Unavailable, named
-from ragline.types import Answer, Chunk, Hit
-from retriever.backend import IndexBackend
-from retriever.indexer import Indexer
-from retriever.search import RetrievalResult, Retriever, SearchOptions
+from graph.walk import asks
+from ingest.batch import IngestReport
+from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, named
+from ragline.types import Answer, Hit
+from retriever.search import RetrievalResult, SearchOptions
 from services.auth import Principal
-from services.paths import PathPolicy
+from services.local_index import LocalIndex
+from services.metrics import Metrics, counter, gauge
+from services.stages import GenerationStage, GraphStage, IndexInfo, IndexStage, RetrievalStage
 
 logger = logging.getLogger(__name__)
 
-_COLLECTION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+T = TypeVar("T")
 
-
-def _taken(source: str) -> FileResult:
-    """The result for a file whose document id belongs to a collection the caller may not
-    change: which collection is not said (it is not the caller's to know)."""
-    doc_id = doc_id_for(source)
-    reason = f"document id {doc_id!r} is taken by a document you cannot change: rename the file"
-    return FileResult(source, doc_id, "failed", reason=reason)
-
-
-MAX_NAME_CHARS = 255
-"""Longest upload name (and document id): ids are written into every chunk of the snapshot."""
-MAX_UPLOADS = 1000
-"""Most documents one Ingest request may upload."""
-
-
-def check_uploads(documents: Sequence[tuple[str, bytes]]) -> None:
-    """Bound what an Ingest request uploads: how many, and names that are short, printable
-    file names (a name becomes the document id, the report's text and a log field)."""
-    if len(documents) > MAX_UPLOADS:
-        raise InvalidArgument.for_field("documents", f"at most {MAX_UPLOADS} per request")
-    for index, (name, _) in enumerate(documents):
-        if not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable() or "/" in name:
-            raise InvalidArgument.for_field(
-                f"documents[{index}].name",
-                f"must be a file name of 1-{MAX_NAME_CHARS} printable characters, no '/'",
-            )
-
-
-def check_collection(name: str) -> str:
-    """A collection name ("" = ``default``): 1-64 letters, digits, ``_``, ``.`` or ``-``."""
-    name = name or "default"
-    if not _COLLECTION.fullmatch(name):
-        raise InvalidArgument.for_field(
-            "collection", "must be 1-64 letters, digits, '_', '.' or '-'"
-        )
-    return name
+tracer = trace.get_tracer("ragline.gateway")
+"""A span per stage of a request (a no-op unless tracing is set up: services.tracing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,51 +59,101 @@ class AnswerResult:
 
 
 class Gateway:
-    """The one-process pipeline every public RPC goes through."""
+    """Every public RPC goes through it; each stage is optional (a stage role holds one).
+
+    Args:
+        retriever / index / evidence_filter / generator / graph: the stages (see
+            :mod:`services.stages`); None where this process does not have one.
+        fallback_filter: scores when ``evidence_filter`` is unavailable (None: Answer fails
+            with UNAVAILABLE).
+        default_options: the server's search defaults, which a request's options override.
+    """
 
     def __init__(
         self,
-        indexer: Indexer[IndexBackend],
-        retriever: Retriever,
-        evidence_filter: EvidenceFilter,
-        generator: AnswerGenerator,
         limits: Limits,
-        evidence_k: int,
-        chunker: ChunkerConfig | None = None,
-        pdf_limits: PdfLimits | None = None,
+        retriever: RetrievalStage | None = None,
+        index: IndexStage | None = None,
+        evidence_filter: EvidenceFilter | None = None,
+        generator: GenerationStage | None = None,
+        graph: GraphStage | None = None,
+        evidence_k: int = 4,
         default_options: SearchOptions | None = None,
         fallback_filter: EvidenceFilter | None = None,
-        ingest_workers: int = 1,
-        worker_memory_mib: int = 4096,
-        path_policy: PathPolicy | None = None,
-        graph: GraphPath | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.indexer = indexer
-        """Encodes and writes documents (the ingest jobs' sink)."""
-        self.store = indexer.store
-        self.retriever = retriever
-        self.filter = evidence_filter
+        self._retriever = retriever
+        self._index = index
+        self._filter = evidence_filter
         self.fallback_filter = fallback_filter
-        """Scores when ``filter`` is unavailable (None: Answer fails with UNAVAILABLE)."""
         self.filter_failures = 0
         self.filter_fallbacks = 0
-        self.graph_queries = 0
-        self.graph_used = 0
-        self.generator = generator
-        self.limits = limits
-        self.evidence_k = evidence_k
-        self.chunker = chunker
-        self.pdf_limits = pdf_limits
-        self.ingest_workers = ingest_workers
-        """Parser processes for server-side paths (0: parse in the server process)."""
-        self.worker_memory_mib = worker_memory_mib
-        self.default_options = default_options or SearchOptions()
-        self.path_policy = path_policy or PathPolicy()
-        """Server-side paths a client may name (none by default)."""
+        self._generator = generator
         self.graph = graph
         """The selective graph path (None: off)."""
-        self._ingest_lock = asyncio.Lock()
-        self._known: tuple[int, frozenset[str]] = (-1, frozenset())
+        self.limits = limits
+        self.evidence_k = evidence_k
+        self.default_options = default_options or SearchOptions()
+        self.metrics = metrics or Metrics()
+        self.metrics.watch(self._live_metrics)
+
+    # -- the stages, where this process has them -------------------------------------------
+    @property
+    def retriever(self) -> RetrievalStage:
+        return _present(self._retriever, "retrieval")
+
+    @property
+    def index(self) -> IndexStage:
+        return _present(self._index, "index")
+
+    @property
+    def filter(self) -> EvidenceFilter:
+        return _present(self._filter, "evidence filter")
+
+    @property
+    def generator(self) -> GenerationStage:
+        return _present(self._generator, "generator")
+
+    @generator.setter
+    def generator(self, generator: GenerationStage) -> None:
+        self._generator = generator
+
+    @property
+    def local_index(self) -> LocalIndex:
+        """The index in this process (roles ``all``, ``retriever``, ``graph``)."""
+        if not isinstance(self._index, LocalIndex):
+            raise FailedPrecondition("the index is not in this process")
+        return self._index
+
+    async def ingest_files(self, files: Sequence[str], progress: bool = False) -> IngestReport:
+        """The operator's batch into the index in this process (the eval harness): any
+        readable path, a progress bar when asked; the graph follows."""
+        return await self.local_index.ingest_files(files, progress)
+
+    def stages(self) -> list[object]:
+        """The stages this process holds."""
+        parts = (self._retriever, self._index, self._filter, self._generator, self.graph)
+        return [p for p in parts if p is not None]
+
+    def warm_up(self, generator: bool = True) -> None:
+        """Load what the stages here need (models, the index). ``generator=False`` leaves the
+        generator to load on the first Answer (a retrieval-only run need not start an
+        engine). Blocking."""
+        for part in (self._index, self._filter) + ((self._generator,) if generator else ()):
+            warm = getattr(part, "warm_up", None)
+            if warm is not None:
+                warm()
+
+    async def close(self) -> None:
+        """Close what the stages hold: Redis pool, channels, engines."""
+        for part in self.stages():
+            for name in ("close", "aclose"):
+                close = getattr(part, name, None)
+                if close is not None:
+                    result = close()
+                    if asyncio.iscoroutine(result):
+                        await result
+                    break
 
     # -- validation ------------------------------------------------------------------------
     def validate_query(self, query: str, k: int, default_k: int | None = None) -> tuple[str, int]:
@@ -165,12 +181,14 @@ class Gateway:
             )
         return max_new_tokens
 
-    def check_evidence(self, hits: Sequence[Hit], field_name: str = "hits") -> None:
-        """Bound what an internal Generate/Score request carries: passage count and size."""
-        if len(hits) > self.limits.max_evidence:
-            raise InvalidArgument.for_field(
-                field_name, f"at most {self.limits.max_evidence} passages, got {len(hits)}"
-            )
+    def check_evidence(
+        self, hits: Sequence[Hit], field_name: str = "hits", most: int | None = None
+    ) -> None:
+        """Bound what an internal request carries: passage count (``most``, default the
+        evidence limit) and size."""
+        most = self.limits.max_evidence if most is None else most
+        if len(hits) > most:
+            raise InvalidArgument.for_field(field_name, f"at most {most} passages, got {len(hits)}")
         for index, hit in enumerate(hits):
             if len(hit.chunk.text) > self.limits.max_passage_chars:
                 raise InvalidArgument.for_field(
@@ -178,12 +196,32 @@ class Gateway:
                     f"is over the limit of {self.limits.max_passage_chars} characters",
                 )
 
+    def check_threshold(self, threshold: float) -> float:
+        """A request's threshold: 0 (the filter's own) or a probability within the configured
+        bounds, whichever filter runs; the same request means the same thing everywhere."""
+        lo, hi = self.limits.threshold_bounds
+        if threshold != 0 and not (math.isfinite(threshold) and lo <= threshold <= hi):
+            raise InvalidArgument.for_field(
+                "threshold", f"must be 0 (server default) or in [{lo:g}, {hi:g}], got {threshold:g}"
+            )
+        return threshold
+
     # -- retrieval -------------------------------------------------------------------------
     def options(self, overrides: dict | None = None) -> SearchOptions:
         """The server's default search options with a request's choices laid over them."""
         if not overrides:
             return self.default_options
         return replace(self.default_options, **overrides).validate()
+
+    async def search(
+        self, query: str, k: int = 0, bypass_cache: bool = False, options: dict | None = None
+    ) -> RetrievalResult:
+        """The ranking alone (no graph path): the retrieval stage as its internal service
+        exposes it."""
+        text, k = self.validate_query(query, k)
+        result = await self.retriever.search(text, k, self.options(options), bypass_cache)
+        self.metrics.stages(result.timings_ms)
+        return result
 
     async def retrieve(
         self,
@@ -198,12 +236,17 @@ class Gateway:
         it is unavailable the hits come back unscored."""
         text, k = self.validate_query(query, k)
         search_options = self.options(options)
-        result = await self.retriever.search(text, k, search_options, bypass_cache)
+        started = time.perf_counter()
+        with tracer.start_as_current_span("ragline.retrieve"):
+            result = await self.retriever.search(text, k, search_options, bypass_cache)
+        timings = dict(result.timings_ms, retrieve=(time.perf_counter() - started) * 1000)
+        result = replace(result, timings_ms=timings)
         result, _ = await self.expand(text, result, k, search_options, append=False)
         if score_evidence and result.hits:
             started = time.perf_counter()
             try:
-                name, scores, _ = await self.score_hits(text, result.hits)
+                with tracer.start_as_current_span("ragline.credibility"):
+                    name, scores, _ = await self.score_hits(text, result.hits)
             except Unavailable as exc:
                 logger.warning("Retrieve without evidence scores: %s", exc.message)
             else:
@@ -215,101 +258,40 @@ class Gateway:
                     result.timings_ms, credibility=(time.perf_counter() - started) * 1000
                 )
                 result = replace(result, hits=hits, timings_ms=timings)
+        self.metrics.stages(result.timings_ms)
         return result
 
     async def expand(
         self, query: str, result: RetrievalResult, k: int, options: SearchOptions, append: bool
     ) -> tuple[RetrievalResult, bool]:
-        """The graph path, when configured and on for the request: what it finds (when the
-        query names a graph node or asks several things) fused with the ranking (see
-        :class:`graph.walk.GraphPath`), under the request's filters; and whether it was
-        taken."""
+        """The graph path, when configured and on for the request (see
+        :class:`services.graph_stage.LocalGraph`); and whether it was taken."""
         if self.graph is None or not options.graph:
             return result, False
-        started = time.perf_counter()
-        filters = options.filters()
-
-        def allowed(chunk: Chunk) -> bool:
-            return (
-                (not filters.doc_ids or chunk.doc_id in filters.doc_ids)
-                and (not filters.kinds or chunk.kind in filters.kinds)
-                and (not filters.collections or chunk.collection in filters.collections)
-            )
-
-        def allowed_doc(doc_id: str) -> bool:
-            return (not filters.doc_ids or doc_id in filters.doc_ids) and (
-                not filters.collections or self.store.collection_of(doc_id) in filters.collections
-            )
-
-        async def search(text: str, n: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
-            narrowed = replace(options, explain=False)
-            if doc_ids:
-                mine = tuple(d for d in doc_ids if allowed_doc(d))
-                if not mine:
-                    return []
-                narrowed = replace(narrowed, doc_ids=mine)
-            return (await self.retriever.search(text, n, narrowed)).hits
-
-        hits, used = await self.graph.expand(
-            query, result.hits, k, search, self.store.view.get_chunks, allowed, append=append
-        )
-        timings = dict(result.timings_ms, graph=(time.perf_counter() - started) * 1000)
-        self.graph_queries += 1
-        self.graph_used += used
-        return replace(result, hits=hits, timings_ms=timings), used
-
-    def graph_stats(self) -> dict[str, float]:
-        """The graph's size and how often the path ran (empty when it is off)."""
-        if self.graph is None:
-            return {}
-        return dict(
-            self.graph.index.stats(),
-            ragline_graph_queries_total=self.graph_queries,
-            ragline_graph_used_total=self.graph_used,
-        )
+        with tracer.start_as_current_span("ragline.graph"):
+            return await self.graph.expand(query, result, k, options, append)
 
     async def expand_hits(
-        self, query: str, hits: Sequence[Hit], k: int = 0, options: dict | None = None
-    ) -> tuple[list[Hit], bool]:
-        """The graph stage as the internal service exposes it: a ranking (``hits``) fused with
-        what the graph path finds for ``query``, under the public bounds; ``k`` 0 = as many
-        as were sent (or the default k)."""
+        self,
+        query: str,
+        hits: Sequence[Hit],
+        k: int = 0,
+        options: dict | None = None,
+        append: bool = False,
+        generation: int = 0,
+    ) -> tuple[RetrievalResult, bool]:
+        """The graph stage as its internal service exposes it: a ranking (``hits``) fused
+        with what the graph path finds for ``query``, under the public bounds; ``k`` 0 = as
+        many as were sent (or the default k)."""
         text, k = self.validate_query(query, k or len(hits))
-        if len(hits) > self.limits.max_k:
-            raise InvalidArgument.for_field("hits", f"at most {self.limits.max_k} hits")
-        for index, hit in enumerate(hits):
-            if len(hit.chunk.text) > self.limits.max_passage_chars:
-                raise InvalidArgument.for_field(
-                    f"hits[{index}].chunk.text",
-                    f"is over the limit of {self.limits.max_passage_chars} characters",
-                )
-        search_options = replace(self.options(options), graph=True)
-        before = RetrievalResult(list(hits), False, self.store.view.generation)
-        after, used = await self.expand(text, before, k, search_options, append=False)
-        return after.hits, used
-
-    def sync_graph(
-        self, progress: Callable[[str, int, int], None] | None = None
-    ) -> SyncReport | None:
-        """Bring the graph in step with the index (after a load, an ingest or a delete):
-        only what changed is read again. Blocking: call it from a worker thread."""
+        self.check_evidence(hits, "hits", most=self.limits.max_k)
         if self.graph is None:
-            return None
-        report = self.graph.index.sync(self.store.documents(), progress)
-        if report.added or report.removed:
-            logger.info("%s", report.line())
-        return report
+            raise FailedPrecondition("the graph path is off on this server")
+        search_options = replace(self.options(options), graph=True)
+        before = RetrievalResult(list(hits), False, generation)
+        return await self.graph.expand(text, before, k, search_options, append)
 
-    def check_threshold(self, threshold: float) -> float:
-        """A request's threshold: 0 (the filter's own) or a probability within the configured
-        bounds, whichever filter runs; the same request means the same thing everywhere."""
-        lo, hi = self.limits.threshold_bounds
-        if threshold != 0 and not (math.isfinite(threshold) and lo <= threshold <= hi):
-            raise InvalidArgument.for_field(
-                "threshold", f"must be 0 (server default) or in [{lo:g}, {hi:g}], got {threshold:g}"
-            )
-        return threshold
-
+    # -- evidence ----------------------------------------------------------------------------
     async def score_hits(
         self, query: str, hits: Sequence[Hit], threshold: float = 0.0
     ) -> tuple[str, list[float], float]:
@@ -321,10 +303,11 @@ class Gateway:
         Without a fallback an unavailable filter raises :class:`Unavailable`.
         """
         threshold = self.check_threshold(threshold)
+        evidence_filter = self.filter
         try:
-            scores = await self.filter.score(query, hits)
-            own = not threshold or not self.filter.calibrated
-            return self.filter.name, scores, self.filter.threshold if own else threshold
+            scores = await evidence_filter.score(query, hits)
+            own = not threshold or not evidence_filter.calibrated
+            return evidence_filter.name, scores, evidence_filter.threshold if own else threshold
         except Unavailable:
             if self.fallback_filter is None:
                 self.filter_failures += 1
@@ -348,6 +331,8 @@ class Gateway:
             Unavailable: the filter could not score and no fallback is configured; evidence
                 is never passed on unfiltered.
         """
+        if not hits:
+            return []
         requested = threshold
         name, scores, threshold = await self.score_hits(query, hits, requested)
         for ask in asks:
@@ -357,6 +342,8 @@ class Gateway:
         for hit, score in zip(hits, scores, strict=True):
             if score >= threshold:
                 kept.append(replace(hit, stage_scores=dict(hit.stage_scores, **{name: score})))
+        self.metrics.evidence.labels("kept").inc(len(kept))
+        self.metrics.evidence.labels("dropped").inc(len(hits) - len(kept))
         return kept
 
     # -- answers ---------------------------------------------------------------------------
@@ -373,24 +360,49 @@ class Gateway:
         self.check_max_new_tokens(max_new_tokens)
         search_options = replace(self.options(options), explain=False)
         started = time.perf_counter()
-        retrieved = await self.retriever.search(text, k, search_options)
+        with tracer.start_as_current_span("ragline.retrieve"):
+            retrieved = await self.retriever.search(text, k, search_options)
         retrieved, _ = await self.expand(text, retrieved, k, search_options, append=True)
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         multi = asks(text) if self.graph is not None and search_options.graph else []
-        evidence = await self.select_evidence(text, retrieved.hits, threshold, multi)
+        with tracer.start_as_current_span("ragline.credibility"):
+            evidence = await self.select_evidence(text, retrieved.hits, threshold, multi)
         timings["credibility_ms"] = (time.perf_counter() - started) * 1000
-        started = time.perf_counter()
         answer: Answer | None = None
-        async for item in self.generator.stream(text, evidence, max_new_tokens):
+        async for item in self._timed_generation(text, evidence, max_new_tokens, timings):
             if isinstance(item, Answer):
                 answer = item
             else:
                 yield item
-        timings["generate_ms"] = (time.perf_counter() - started) * 1000
+        self.metrics.stages(timings)
         assert answer is not None
+        self.metrics.answer(answer.insufficient, answer.reason)
         yield AnswerResult(answer, evidence, timings)
+
+    async def _timed_generation(
+        self, text: str, evidence: Sequence[Hit], max_new_tokens: int, timings: dict[str, float]
+    ) -> AsyncIterator[str | Answer]:
+        """The generator's stream, timed: ``ttft_ms`` and ``generate_ms`` into ``timings``,
+        deltas and tokens/s into the metrics."""
+        started = time.perf_counter()
+        first: float | None = None
+        deltas = 0
+        with tracer.start_as_current_span("ragline.generate") as span:
+            async for item in self.generator.stream(text, evidence, max_new_tokens):
+                if not isinstance(item, Answer):
+                    if first is None:
+                        first = time.perf_counter()
+                        timings["ttft_ms"] = (first - started) * 1000
+                    deltas += 1
+                yield item
+            span.set_attribute("ragline.deltas", deltas)
+        done = time.perf_counter()
+        timings["generate_ms"] = (done - started) * 1000
+        if first is not None and deltas > 1 and done > first:
+            self.metrics.tokens_per_second.observe((deltas - 1) / (done - first))
+        self.metrics.generated_tokens.inc(deltas)
 
     async def answer(
         self,
@@ -415,8 +427,10 @@ class Gateway:
         text, _ = self.validate_query(query, 1)
         self.check_evidence(evidence, "evidence")
         self.check_max_new_tokens(max_new_tokens)
-        async for item in self.generator.stream(text, evidence, max_new_tokens):
+        timings: dict[str, float] = {}
+        async for item in self._timed_generation(text, evidence, max_new_tokens, timings):
             yield item
+        self.metrics.stages(timings)
 
     async def score_request(
         self, query: str, hits: Sequence[Hit], threshold: float = 0.0
@@ -427,7 +441,7 @@ class Gateway:
         return await self.score_hits(text, hits, threshold)
 
     # -- collections a caller may see -------------------------------------------------------
-    def scope_options(self, options: dict | None, principal: Principal | None) -> dict | None:
+    async def scope_options(self, options: dict | None, principal: Principal | None) -> dict | None:
         """Limit a request's search to the collections its caller may read.
 
         A collection or document outside them is NOT_FOUND with the very message an unknown
@@ -437,30 +451,19 @@ class Gateway:
             return options
         out = dict(options or {})
         requested = tuple(out.get("collections", ()))
+        info = await self.index.describe(tuple(out.get("doc_ids", ())))
         # "All mine": those that hold documents (a granted collection nobody ingested into
         # yet is not an error); when none does, all of them, so the caller learns that.
-        mine = tuple(sorted(principal.collections & self._collections()))
+        mine = tuple(sorted(principal.collections & set(info.collections)))
         out["collections"] = principal.visible_collections(requested or mine)
         other = sorted(
             d
             for d in out.get("doc_ids", ())
-            if self.store.collection_of(d) not in principal.collections
+            if info.doc_collections.get(d) not in principal.collections
         )
         if other:
             raise NotFound(f"no document with id(s) {named(other)}")
         return out
-
-    def counts(self, collections: frozenset[str]) -> tuple[int, int]:
-        """(documents, chunks) in these collections."""
-        counts = [n for c, n in self.store.view.collection_counts().items() if c in collections]
-        return sum(d for d, _ in counts), sum(c for _, c in counts)
-
-    def _collections(self) -> frozenset[str]:
-        """The collections that hold documents, computed once per index generation."""
-        view = self.store.view
-        if self._known[0] != view.generation:
-            self._known = (view.generation, frozenset(view.collection_counts()))
-        return self._known[1]
 
     # -- index management ------------------------------------------------------------------
     async def ingest(
@@ -470,138 +473,88 @@ class Gateway:
         collection: str = "default",
         replace_other_paths: bool = False,
         allowed: frozenset[str] | None = None,
-    ) -> IngestReport:
-        """Ingest server-side paths (only under the configured roots) and uploaded documents
-        into a collection; a bad one is reported, not fatal. ``replace_other_paths``: see
-        :func:`ingest.batch.run_batch`; it applies to uploads as well. ``allowed``: the
-        collections the caller may change (None: all); a file whose document id belongs to
-        another collection is FAILED, whatever ``replace_other_paths`` says."""
-        if not paths and not documents:
-            raise InvalidArgument.for_field("paths", "give at least one path or document")
-        collection = check_collection(collection)
-        check_uploads(documents)
-        files = await asyncio.to_thread(self.path_policy.files, paths)  # walks folders
-        if paths and not files:
-            raise InvalidArgument.for_field("paths", "no PDF files under the paths given")
-        started = time.perf_counter()
-        # Shielded: a caller that goes away (cancel, deadline) must not release the lock while
-        # the worker thread still writes; the next write waits for this one to end.
-        report = await asyncio.shield(
-            asyncio.ensure_future(
-                self._ingest_locked(files, documents, collection, replace_other_paths, allowed)
-            )
+    ) -> tuple[IngestReport, IndexInfo]:
+        """See :meth:`services.stages.IndexStage.ingest`."""
+        report, info = await self.index.ingest(
+            paths, documents, collection, replace_other_paths, allowed
         )
-        report.seconds = time.perf_counter() - started
-        return report
-
-    async def _ingest_locked(
-        self,
-        files: list[Path],
-        documents: Sequence[tuple[str, bytes]],
-        collection: str,
-        replace_other_paths: bool,
-        allowed: frozenset[str] | None,
-    ) -> IngestReport:
-        async with self._ingest_lock:
-            report = IngestReport()
-            foreign = [f for f in files if self._foreign(f.name, allowed)]
-            files = [f for f in files if f not in foreign]
-            if files:  # the batch job itself: size limit, duplicate ids, same-name guard
-                report = await asyncio.to_thread(
-                    run_batch,
-                    [str(f) for f in files],
-                    self.indexer,
-                    self.chunker,
-                    self.pdf_limits,
-                    progress=False,
-                    collection=collection,
-                    workers=self.ingest_workers,
-                    memory_limit_mb=self.worker_memory_mib,
-                    replace_other_paths=replace_other_paths,
-                )
-            report.results[:0] = [_taken(str(f)) for f in foreign]
-            report.results += await self._ingest_uploads(
-                documents, collection, replace_other_paths, report.results, allowed
-            )
-            await asyncio.to_thread(self.sync_graph)
-        return report
-
-    async def _ingest_uploads(
-        self,
-        documents: Sequence[tuple[str, bytes]],
-        collection: str,
-        replace: bool,
-        earlier: Sequence[FileResult],
-        allowed: frozenset[str] | None,
-    ) -> list[FileResult]:
-        """Uploads through the same-name guard as paths: a name taken earlier in this request,
-        or by a document from another source, is FAILED (the latter unless ``replace``)."""
-        refused = duplicate_uploads([name for name, _ in documents], earlier)
-        for index, (name, _) in enumerate(documents):
-            if index not in refused and self._foreign(name, allowed):
-                refused[index] = _taken(name)
-        results = []
-        for index, (name, data) in enumerate(documents):
-            if index in refused:
-                results.append(refused[index])
-                continue
-            result = await asyncio.to_thread(
-                ingest_one,
-                data,
-                name,
-                self.indexer,
-                self.chunker,
-                self.pdf_limits,
-                collection,
-                replace,
-            )
-            results.append(result)
-        return results
-
-    def _foreign(self, name: str, allowed: frozenset[str] | None) -> bool:
-        """Whether a file of this name would replace a document the caller may not change."""
-        if allowed is None:
-            return False
-        try:
-            held_by = self.store.collection_of(doc_id_for(name))
-        except InvalidArgument:  # no usable id: the batch job reports it
-            return False
-        return held_by is not None and held_by not in allowed
-
-    def collection_of(self, doc_id: str) -> str | None:
-        """The collection a document is in (None: no such document)."""
-        return self.store.collection_of(doc_id)
+        self.metrics.ingested_pages.inc(report.pages)
+        return report, info
 
     async def delete_document(
         self, doc_id: str, collection: str = "", allowed: frozenset[str] | None = None
-    ) -> int:
-        """Remove a document; with ``collection`` set, only from that collection, and only
-        from the ``allowed`` collections (None: any). A document elsewhere is NOT_FOUND, as an
-        unknown one. Checked under the writers' lock, so an ingest moving the document cannot
-        slip in between; shielded like :meth:`ingest`."""
-        if not doc_id.strip() or len(doc_id) > MAX_NAME_CHARS:
-            raise InvalidArgument.for_field("doc_id", f"must be 1-{MAX_NAME_CHARS} characters")
+    ) -> tuple[int, int]:
+        """(chunks removed, new generation); see :meth:`services.stages.IndexStage.delete`."""
+        return await self.index.delete(doc_id, collection, allowed)
 
-        async def locked() -> int:
-            async with self._ingest_lock:
-                held_by = self.store.collection_of(doc_id)
-                if (collection and held_by != collection) or (
-                    allowed is not None and held_by not in allowed
-                ):
-                    raise NotFound(f"no document with id {doc_id!r}")
-                removed = await asyncio.to_thread(self.store.delete, doc_id)
-                await asyncio.to_thread(self.sync_graph)
-                return removed
+    # -- what GetStats says ------------------------------------------------------------------
+    async def models(self) -> dict[str, str]:
+        """The models behind each stage here (a remote stage: its address)."""
+        out: dict[str, str] = {}
+        if self._index is not None:
+            out.update((await self._index.describe()).models)
+        if self._generator is not None:
+            out["generator"] = self._generator.model_id
+        if self._filter is not None:
+            out["evidence_filter"] = self._filter.name
+            out["credibility"] = self._filter.model_id
+        return out
 
-        return await asyncio.shield(asyncio.ensure_future(locked()))
+    async def stats(self, principal: Principal | None = None) -> GatewayStats:
+        """Index size and models; the counters too for a caller who may see every collection
+        (a token limited to some collections sees their size only)."""
+        info = await self.index.describe()
+        models = await self.models()
+        if principal is not None and principal.collections is not None:
+            sizes = [n for c, n in info.collections.items() if c in principal.collections]
+            return GatewayStats(
+                documents=sum(d for d, _ in sizes),
+                chunks=sum(c for _, c in sizes),
+                generation=info.generation,
+                models=models,
+            )
+        counters = dict(info.counters)
+        counters.update(self.metrics.snapshot())
+        return GatewayStats(info.documents, info.chunks, info.generation, models, counters)
 
-    async def refresh_index(self) -> bool:
-        """Load a newer generation another process (``ragline ingest``) committed to the
-        index folder; True when one was loaded. Writers never wait on it."""
-        if self._ingest_lock.locked():
-            return False
-        async with self._ingest_lock:
-            loaded = await asyncio.to_thread(self.store.refresh)
-            if loaded:
-                await asyncio.to_thread(self.sync_graph)
-            return loaded
+    def _live_metrics(self) -> Iterator[Metric]:
+        """Values kept by the stages themselves, read at each scrape."""
+        for part in (self._retriever, self.graph):
+            live = getattr(part, "counters", None)
+            for name, value in (live() if live is not None else {}).items():
+                if name.endswith("_total"):
+                    yield counter(name, name.replace("_", " "), value)
+                else:
+                    yield gauge(name, name.replace("_", " "), value)
+        if self._filter is not None:
+            yield counter(
+                "ragline_evidence_filter_failures_total",
+                "Answers refused because the evidence filter was unavailable.",
+                self.filter_failures,
+            )
+            yield counter(
+                "ragline_evidence_filter_fallbacks_total",
+                "Scorings done by the fallback filter because the filter was unavailable.",
+                self.filter_fallbacks,
+            )
+        depth = getattr(self._generator, "queue_depth", None)
+        waiting = depth() if depth is not None else None
+        if waiting is not None:
+            yield gauge(
+                "ragline_generator_queue_depth", "Requests waiting for a generator slot.", waiting
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayStats:
+    documents: int
+    chunks: int
+    generation: int
+    models: dict[str, str]
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+def _present(stage: T | None, what: str) -> T:
+    if stage is None:
+        raise FailedPrecondition(f"this server has no {what} stage")
+    return stage

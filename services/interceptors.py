@@ -1,7 +1,8 @@
 """One server interceptor: authentication and scopes, domain errors → gRPC status with
-details (never Python exception text), metrics, request log, and bounds on in-flight RPCs
-(overload → RESOURCE_EXHAUSTED, not unbounded latency): answers have their own bound, so slow
-generations never lock retrieval out."""
+details (never Python exception text), metrics, request log, a deadline for every RPC (the
+caller's, or the server's default for the RPC), and bounds on in-flight RPCs (overload →
+RESOURCE_EXHAUSTED, not unbounded latency): answers have their own bound, so slow generations
+never lock retrieval out."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
+from opentelemetry import trace
 
-from ragline.errors import InvalidArgument, RaglineError, ResourceExhausted
+from ragline.errors import DeadlineExceeded, InvalidArgument, RaglineError, ResourceExhausted
 from services.auth import Principal, TokenRegistry, authorization_from_metadata
+from services.deadlines import current_deadline
 from services.metrics import Metrics
 
 logger = logging.getLogger("ragline.requests")
@@ -36,8 +39,17 @@ ANSWER_METHODS = frozenset(
 )
 """RPCs that hold the generator: admitted against their own in-flight bound."""
 
+INGEST_METHODS = frozenset({"/ragline.v1.Ragline/Ingest", "/ragline.v1.IndexService/Ingest"})
+"""RPCs that parse and encode whole PDFs: the longest default deadline."""
+
 current_principal: ContextVar[Principal | None] = ContextVar("current_principal", default=None)
 """Who the RPC being handled acts for (None: authentication is off)."""
+
+
+def split_method(method: str) -> tuple[str, str]:
+    """``/ragline.v1.Ragline/Retrieve`` → (``ragline.v1.Ragline``, ``Retrieve``)."""
+    service, _, name = method.lstrip("/").rpartition("/")
+    return service, name
 
 
 def method_group(method: str) -> str:
@@ -76,15 +88,28 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
     metrics: where handled counts and latencies go.
     limits: in-flight RPCs at most per admission group (:func:`method_group`).
     tokens: the token registry; None = no authentication (loopback, local use).
+
+    deadlines: default seconds per RPC kind when the caller set no deadline: ``default``,
+        ``answer`` (:data:`ANSWER_METHODS`) and ``ingest`` (:data:`INGEST_METHODS`).
     """
 
     def __init__(
-        self, metrics: Metrics, limits: Mapping[str, int], tokens: TokenRegistry | None = None
+        self,
+        metrics: Metrics,
+        limits: Mapping[str, int],
+        tokens: TokenRegistry | None = None,
+        deadlines: Mapping[str, float] | None = None,
     ) -> None:
         self.metrics = metrics
         self.limits = dict(limits)
         self.in_flight = dict.fromkeys(self.limits, 0)
         self.tokens = tokens
+        self.deadlines = {"default": 30.0, "answer": 120.0, "ingest": 3600.0, **(deadlines or {})}
+
+    def default_deadline_s(self, method: str) -> float:
+        if method in INGEST_METHODS:
+            return self.deadlines["ingest"]
+        return self.deadlines[method_group(method)]
 
     async def intercept_service(
         self,
@@ -100,8 +125,13 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             inner_unary = handler.unary_unary
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                async with _Call(self, method, context):
-                    return await inner_unary(_decoded(request), context)
+                async with _Call(self, method, context, "unary") as call:
+                    try:
+                        return await asyncio.wait_for(
+                            inner_unary(_decoded(request), context), call.left()
+                        )
+                    except TimeoutError as exc:
+                        raise _past_deadline() from exc
 
             return grpc.unary_unary_rpc_method_handler(
                 unary, deserialize, handler.response_serializer
@@ -110,8 +140,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
-                async with _Call(self, method, context):
-                    async for item in inner_stream(_decoded(request), context):
+                async with _Call(self, method, context, "server_stream") as call:
+                    async for item in _within(inner_stream(_decoded(request), context), call):
                         yield item
 
             return grpc.unary_stream_rpc_method_handler(
@@ -152,27 +182,81 @@ def _decoded(request: Any) -> Any:
     return request
 
 
+def _past_deadline() -> DeadlineExceeded:
+    return DeadlineExceeded("deadline passed before the request completed")
+
+
+_END = object()
+
+
+async def _within(items: AsyncIterator[Any], call: _Call) -> AsyncIterator[Any]:
+    """A handler's stream, each message within what is left of the RPC's deadline.
+
+    The stream runs in a task of its own, one message ahead at most: a timeout cancels that
+    task and nothing else, and the stream's code keeps one context from start to end (its
+    spans and context variables survive its yields).
+    """
+    queue: asyncio.Queue[tuple[Any, BaseException | None]] = asyncio.Queue(maxsize=1)
+
+    async def produce() -> None:
+        try:
+            async for item in items:
+                await queue.put((item, None))
+        except Exception as exc:  # the handler's error: raised on the consumer's side
+            await queue.put((_END, exc))
+        else:
+            await queue.put((_END, None))
+
+    producer = asyncio.create_task(produce())
+    try:
+        while True:
+            try:
+                item, error = await asyncio.wait_for(queue.get(), call.left())
+            except TimeoutError as exc:
+                raise _past_deadline() from exc
+            if item is _END:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+
+
 class _Call:
-    """Per-RPC bookkeeping: admission, error mapping, metrics and the request log line."""
+    """Per-RPC bookkeeping: admission, deadline, error mapping, metrics and the log line."""
 
     def __init__(
-        self, owner: ServerInterceptor, method: str, context: grpc.aio.ServicerContext
+        self, owner: ServerInterceptor, method: str, context: grpc.aio.ServicerContext, kind: str
     ) -> None:
         self.owner = owner
         self.method = method
+        self.service, self.name = split_method(method)
+        self.kind = kind
         self.context = context
         self.code = grpc.StatusCode.OK
         self.started = 0.0
         self.group = method_group(method)
+        remaining = context.time_remaining()
+        if remaining is None:  # the caller set none: the server's default for this RPC
+            remaining = owner.default_deadline_s(method)
+        self.deadline = time.monotonic() + max(remaining, 0.0)
+        current_deadline.set(self.deadline)
         self.metadata = tuple(context.invocation_metadata() or ())
         request_id = dict(self.metadata).get("x-request-id")
         # A client's id is echoed into logs: bounded and printable, else ours.
         ok = isinstance(request_id, str) and request_id.isprintable() and len(request_id) <= 64
         self.request_id = request_id if ok else uuid.uuid4().hex
 
+    def left(self) -> float:
+        """Seconds left before this RPC's deadline."""
+        return max(self.deadline - time.monotonic(), 0.0)
+
     async def __aenter__(self) -> _Call:
         self.started = time.perf_counter()
         owner = self.owner
+        owner.metrics.grpc_started.labels(self.service, self.name, self.kind).inc()
         if owner.tokens is not None:
             try:
                 current_principal.set(
@@ -223,16 +307,15 @@ class _Call:
         self._recorded = True
         elapsed = time.perf_counter() - self.started if self.started > 0 else 0.0
         metrics = self.owner.metrics
-        metrics.inc("grpc_server_handled_total", grpc_method=self.method, grpc_code=self.code.name)
-        metrics.observe("grpc_server_handling_seconds", elapsed, grpc_method=self.method)
-        logger.info(
-            "%s",
-            json.dumps(
-                {
-                    "request_id": self.request_id,
-                    "method": self.method,
-                    "code": self.code.name,
-                    "ms": round(elapsed * 1000, 2),
-                }
-            ),
-        )
+        metrics.grpc_handled.labels(self.service, self.name, self.kind, self.code.name).inc()
+        metrics.grpc_seconds.labels(self.service, self.name, self.kind).observe(elapsed)
+        line: dict[str, Any] = {
+            "request_id": self.request_id,
+            "method": self.method,
+            "code": self.code.name,
+            "ms": round(elapsed * 1000, 2),
+        }
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:  # tracing on: the trace this request's spans are in
+            line["trace_id"] = format(span.trace_id, "032x")
+        logger.info("%s", json.dumps(line))

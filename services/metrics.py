@@ -1,43 +1,200 @@
-"""In-process counters and latency summaries with standard names.
+"""Prometheus metrics, one registry per server process (``prometheus_client``).
 
-``grpc_server_handled_total{grpc_method,grpc_code}`` and ``grpc_server_handling_seconds`` as
-the Prometheus gRPC conventions name them; ours as ``ragline_<thing>_<unit>``. GetStats exposes
-them; a Prometheus exporter can read the same registry.
+Names follow the Prometheus gRPC conventions (``grpc_server_handled_total``,
+``grpc_server_handling_seconds``, ``grpc_client_*`` for a gateway's hops to its stages) and ours
+``ragline_<thing>_<unit>`` in base units. ``ragline serve`` exposes them over HTTP on
+``RAGLINE_SERVER_METRICS_PORT``; ``GetStats`` returns the same samples flattened (histograms as
+their ``_count`` and ``_sum``).
+
+Values that live elsewhere (cache hit counts, index size, generator queue depth) are read when
+scraped, through :meth:`Metrics.watch`, instead of being copied into the registry on every
+request.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+"""Seconds: from a cache hit (~1 ms) to a long answer on a CPU (tens of seconds), so that
+``histogram_quantile(0.95, ...)`` resolves both ends (the HPA scales on it)."""
+
+TOKENS_PER_SECOND_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+Live = Callable[[], Iterable[Metric]]
+"""Yields metric families with the values of the moment (see :meth:`Metrics.watch`)."""
+
+
+def counter(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    """A counter family of one sample, for :meth:`Metrics.watch` callbacks."""
+    family = CounterMetricFamily(name, doc, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), value)
+    return family
+
+
+def gauge(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    """A gauge family of one sample, for :meth:`Metrics.watch` callbacks."""
+    family = GaugeMetricFamily(name, doc, labels=list(labels or {}))
+    family.add_metric(list((labels or {}).values()), value)
+    return family
+
+
+class _Watched(Collector):
+    def __init__(self) -> None:
+        self.sources: list[Live] = []
+
+    def collect(self) -> Iterator[Metric]:
+        for source in self.sources:
+            yield from source()
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # live values: nothing to check for name clashes in advance
+
+
+@dataclass
+class MetricsEndpoint:
+    """The HTTP server of ``/metrics``."""
+
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class Metrics:
+    """One process's metrics. Every server object gets its own (a test process may run
+    several servers; the global default registry would refuse the second's names)."""
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counters: dict[str, float] = defaultdict(float)
-        self._seconds: dict[str, list[float]] = defaultdict(list)
+        self.registry = CollectorRegistry()
+        r = self.registry
+        rpc = ["grpc_service", "grpc_method", "grpc_type"]
+        self.grpc_started = Counter(
+            "grpc_server_started_total", "RPCs started on the server.", rpc, registry=r
+        )
+        self.grpc_handled = Counter(
+            "grpc_server_handled_total",
+            "RPCs completed on the server, by status code.",
+            [*rpc, "grpc_code"],
+            registry=r,
+        )
+        self.grpc_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "Time from an RPC's start to its status, on the server.",
+            rpc,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.client_handled = Counter(
+            "grpc_client_handled_total",
+            "Calls this process made to another ragline stage, by status code.",
+            ["grpc_service", "grpc_method", "grpc_code"],
+            registry=r,
+        )
+        self.client_seconds = Histogram(
+            "grpc_client_handling_seconds",
+            "Time of a call to another ragline stage, as this process saw it.",
+            ["grpc_service", "grpc_method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_seconds = Histogram(
+            "ragline_stage_seconds",
+            "Time spent in each stage of a request (retrieve, sparse, dense, fuse, graph, "
+            "credibility, generate, ttft).",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.evidence = Counter(
+            "ragline_evidence_passages_total",
+            "Passages the evidence filter judged for Answer, by outcome (kept, dropped).",
+            ["outcome"],
+            registry=r,
+        )
+        self.answers = Counter(
+            "ragline_answers_total",
+            "Answers returned, by outcome (answered, insufficient) and INSUFFICIENT_INFO reason.",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.ingested_pages = Counter(
+            "ragline_ingested_pages_total", "PDF pages ingested through the Ingest RPC.", registry=r
+        )
+        self.generated_tokens = Counter(
+            "ragline_generator_tokens_total",
+            "Text deltas (about one token each) generated.",
+            registry=r,
+        )
+        self.tokens_per_second = Histogram(
+            "ragline_generator_tokens_per_second",
+            "Generation speed of each answer, after its first token.",
+            buckets=TOKENS_PER_SECOND_BUCKETS,
+            registry=r,
+        )
+        self._watched = _Watched()
+        r.register(self._watched)
 
-    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        with self._lock:
-            self._counters[_key(name, labels)] += amount
+    def watch(self, source: Live) -> None:
+        """Read ``source`` at every scrape (and every GetStats)."""
+        self._watched.sources.append(source)
 
-    def observe(self, name: str, seconds: float, **labels: str) -> None:
-        with self._lock:
-            samples = self._seconds[_key(name, labels)]
-            samples.append(seconds)
-            if len(samples) > 10_000:  # keep a bounded recent window
-                del samples[:5_000]
+    def answer(self, insufficient: bool, reason: str) -> None:
+        if insufficient:
+            self.answers.labels("insufficient", reason).inc()
+        else:
+            self.answers.labels("answered", "").inc()
+
+    def stages(self, timings_ms: dict[str, float]) -> None:
+        """Observe a request's per-stage timings (milliseconds, as responses carry them)."""
+        for stage, ms in timings_ms.items():
+            self.stage_seconds.labels(stage.removesuffix("_ms")).observe(max(ms, 0.0) / 1000)
 
     def snapshot(self) -> dict[str, float]:
-        """Counters, plus p50/p95 (seconds) and count of each summary."""
-        with self._lock:
-            out = dict(self._counters)
-            for key, samples in self._seconds.items():
-                ordered = sorted(samples)
-                out[f"{key}_count"] = float(len(ordered))
-                out[f"{key}_p50"] = ordered[len(ordered) // 2]
-                out[f"{key}_p95"] = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+        """Every sample as ``name{label="value",...}`` → value, labels sorted; histograms as
+        their ``_count`` and ``_sum`` only (the buckets are for Prometheus)."""
+        out: dict[str, float] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith(("_bucket", "_created")):
+                    continue
+                out[_key(sample.name, sample.labels)] = float(sample.value)
         return out
+
+    def serve_http(self, host: str, port: int) -> MetricsEndpoint:
+        """Serve ``/metrics`` on ``host:port`` (0 = any free port) from a daemon thread."""
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        return MetricsEndpoint(server, thread)
 
 
 def _key(name: str, labels: dict[str, str]) -> str:

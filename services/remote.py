@@ -1,43 +1,110 @@
-"""Evidence filtering by a credibility service on another process or machine (gRPC)."""
+"""Typed clients of the stage services, for a gateway whose stages run in other processes.
+
+Each is the stage's protocol (``services.stages``) over gRPC. Every call gets what is left of
+the deadline of the RPC being handled (capped by the client's own timeout), is counted in the
+process's ``grpc_client_*`` metrics, and turns a failed call into a domain error with its
+status: a stage's refusal (INVALID_ARGUMENT, NOT_FOUND, ...) reaches the caller as it was
+given; a stage that cannot be reached is UNAVAILABLE with a retry hint. Channels come from
+``services.client.open_channel`` (TLS, token, retries on UNAVAILABLE, keepalive), opened on
+first use inside the serving event loop.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import grpc
+from grpc_status import rpc_status
 
 from credibility.filter import Thresholded
-from ragline.errors import Unavailable
-from ragline.types import Hit
-from ragline.v1 import stages_pb2, stages_pb2_grpc
+from ingest.batch import IngestReport
+from ragline import errors
+from ragline.types import Answer, Hit
+from ragline.v1 import ragline_pb2, stages_pb2, stages_pb2_grpc
+from retriever.search import RetrievalResult, SearchOptions
 from services import convert
+from services.deadlines import time_left
+from services.metrics import Metrics
+from services.stages import IndexInfo
+
+OpenChannel = Callable[[str], grpc.aio.Channel]
+
+RETRY_AFTER_S = 1.0
+"""Retry hint for a stage that cannot be reached: about one reconnect attempt of its
+channel (``RAGLINE_SERVER_RECONNECT_MAX_MS``)."""
+
+_PASSED_ON = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
+    grpc.StatusCode.DATA_LOSS: errors.DataLoss,
+}
+"""A stage's status passed on to the caller as it is: the request, not the stage, is at
+fault (or the deadline passed). Anything else means the stage could not serve."""
 
 
-class RemoteFilter(Thresholded):
-    """An :class:`~credibility.filter.EvidenceFilter` that calls ``CredibilityService.Score``.
+def error_from_rpc(exc: grpc.aio.AioRpcError, stage: str) -> errors.RaglineError:
+    """The domain error for a failed stage call, with the stage's field violations and retry
+    hint when it sent them."""
+    code = exc.code()
+    violations: tuple[errors.FieldViolation, ...] = ()
+    retry_after_s: float | None = None
+    status = _status_of(exc)
+    if status is not None:
+        from google.rpc import error_details_pb2
 
-    Any failure — connection refused, deadline, an error status — becomes
-    :class:`Unavailable`, so the gateway never sends unfiltered evidence to the generator.
-    """
+        for detail in status.details:
+            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                violations = tuple(
+                    errors.FieldViolation(v.field, v.description) for v in bad.field_violations
+                )
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                info = error_details_pb2.RetryInfo()
+                detail.Unpack(info)
+                retry_after_s = info.retry_delay.ToMilliseconds() / 1000
+    kind = _PASSED_ON.get(code)
+    if kind is not None:
+        return kind(exc.details() or code.name, violations=violations, retry_after_s=retry_after_s)
+    return errors.Unavailable(
+        f"{stage}: {code.name}: {exc.details()}", retry_after_s=retry_after_s or RETRY_AFTER_S
+    )
 
-    name = "credibility"
-    calibrated = True
+
+def _status_of(exc: grpc.aio.AioRpcError) -> Any:
+    try:
+        return rpc_status.from_call(exc)
+    except ValueError:  # details that do not match the status: ignore them
+        return None
+
+
+class StageClient:
+    """One stage service at ``address``: its channel, stub, deadlines and metrics."""
+
+    service = ""
+    """Full name of the service, e.g. ``ragline.v1.RetrieverService``."""
+    stub_class: Any = None
 
     def __init__(
         self,
         address: str,
         timeout_s: float,
-        threshold: float,
-        channel: Callable[[str], grpc.aio.Channel] | None = None,
+        channel: OpenChannel | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
-        super().__init__(threshold)
         self.address = address
         self.timeout_s = timeout_s
+        """The longest any one call may take, whatever the caller's deadline allows."""
         self._open = channel or grpc.aio.insecure_channel
-        """Opens the channel: TLS, mTLS and the bearer token as configured
-        (``services.client.open_channel``)."""
+        self.metrics = metrics
         self._channel: grpc.aio.Channel | None = None
-        self._stub: stages_pb2_grpc.CredibilityServiceStub | None = None
+        self._stub: Any = None
 
     @property
     def model_id(self) -> str:
@@ -46,24 +113,213 @@ class RemoteFilter(Thresholded):
     def warm_up(self) -> None:
         return None  # the channel is opened on first use, inside the serving event loop
 
-    async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
-        if not hits:
-            return []
+    @property
+    def stub(self) -> Any:
         if self._stub is None:
             self._channel = self._open(self.address)
-            self._stub = stages_pb2_grpc.CredibilityServiceStub(self._channel)
-        request = stages_pb2.ScoreRequest(query=query, hits=convert.hits_to_pb(hits))
+            self._stub = self.stub_class(self._channel)
+        return self._stub
+
+    def _record(self, method: str, code: grpc.StatusCode, started: float) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.client_handled.labels(self.service, method, code.name).inc()
+        self.metrics.client_seconds.labels(self.service, method).observe(
+            time.perf_counter() - started
+        )
+
+    def _where(self) -> str:
+        return f"{self.service.rsplit('.', 1)[-1]} at {self.address}"
+
+    async def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        """A unary call within the current deadline (and ``timeout_s``, default the
+        client's)."""
+        started = time.perf_counter()
         try:
-            reply = await self._stub.Score(request, timeout=self.timeout_s)
+            reply = await getattr(self.stub, method)(
+                request, timeout=time_left(timeout_s or self.timeout_s)
+            )
         except grpc.aio.AioRpcError as exc:
-            raise Unavailable(
-                f"credibility service at {self.address}: {exc.code().name}: {exc.details()}",
-                retry_after_s=1.0,
-            ) from exc
-        if len(reply.scores) != len(hits):
-            raise Unavailable(f"credibility service at {self.address} returned a wrong count")
-        return [float(s) for s in reply.scores]
+            self._record(method, exc.code(), started)
+            raise error_from_rpc(exc, self._where()) from exc
+        self._record(method, grpc.StatusCode.OK, started)
+        return reply
+
+    async def call_stream(self, method: str, request: Any) -> AsyncIterator[Any]:
+        """A server-streaming call within the current deadline."""
+        started = time.perf_counter()
+        call = getattr(self.stub, method)(request, timeout=time_left(self.timeout_s))
+        try:
+            async for reply in call:
+                yield reply
+        except grpc.aio.AioRpcError as exc:
+            self._record(method, exc.code(), started)
+            raise error_from_rpc(exc, self._where()) from exc
+        finally:
+            call.cancel()  # a caller that stopped reading (cancelled) ends the stage's work
+        self._record(method, grpc.StatusCode.OK, started)
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
+            self._channel = self._stub = None
+
+
+class RemoteRetriever(StageClient):
+    """The retrieval stage: ``RetrieverService.Search``."""
+
+    service = "ragline.v1.RetrieverService"
+    stub_class = stages_pb2_grpc.RetrieverServiceStub
+
+    async def search(
+        self, query: str, k: int, options: SearchOptions | None = None, bypass_cache: bool = False
+    ) -> RetrievalResult:
+        request = stages_pb2.SearchRequest(
+            query=query,
+            k=k,
+            bypass_cache=bypass_cache,
+            options=convert.options_to_pb(options or SearchOptions()),
+        )
+        return convert.retrieval_from_pb(await self.call("Search", request))
+
+    def counters(self) -> dict[str, float]:
+        return {}  # the retriever role exports its own
+
+
+class RemoteIndex(StageClient):
+    """The index the retriever role serves: ``IndexService``."""
+
+    service = "ragline.v1.IndexService"
+    stub_class = stages_pb2_grpc.IndexServiceStub
+
+    def __init__(self, *args: Any, ingest_timeout_s: float = 3600.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ingest_timeout_s = ingest_timeout_s
+
+    async def describe(self, doc_ids: Sequence[str] = ()) -> IndexInfo:
+        reply = await self.call("Describe", stages_pb2.DescribeRequest(doc_ids=list(doc_ids)))
+        return convert.info_from_pb(reply)
+
+    async def ingest(
+        self,
+        paths: Sequence[str],
+        documents: Sequence[tuple[str, bytes]],
+        collection: str = "default",
+        replace_other_paths: bool = False,
+        allowed: frozenset[str] | None = None,
+    ) -> tuple[IngestReport, IndexInfo]:
+        request = stages_pb2.IndexIngestRequest(
+            request=ragline_pb2.IngestRequest(
+                paths=list(paths),
+                documents=[ragline_pb2.Document(name=n, content=c) for n, c in documents],
+                collection=collection,
+                replace_other_paths=replace_other_paths,
+            ),
+            grant=convert.grant_to_pb(allowed),
+        )
+        reply = await self.call("Ingest", request, timeout_s=self.ingest_timeout_s)
+        return convert.ingest_from_pb(reply)
+
+    async def delete(
+        self, doc_id: str, collection: str = "", allowed: frozenset[str] | None = None
+    ) -> tuple[int, int]:
+        request = stages_pb2.IndexDeleteRequest(
+            request=ragline_pb2.DeleteDocumentRequest(doc_id=doc_id, collection=collection),
+            grant=convert.grant_to_pb(allowed),
+        )
+        reply = await self.call("DeleteDocument", request)
+        return reply.chunks_removed, reply.index_generation
+
+
+class RemoteGraph(StageClient):
+    """The graph stage: ``GraphService.Expand``."""
+
+    service = "ragline.v1.GraphService"
+    stub_class = stages_pb2_grpc.GraphServiceStub
+
+    async def expand(
+        self, query: str, result: RetrievalResult, k: int, options: SearchOptions, append: bool
+    ) -> tuple[RetrievalResult, bool]:
+        request = stages_pb2.ExpandRequest(
+            query=query,
+            hits=convert.hits_to_pb(result.hits),
+            k=k,
+            options=convert.options_to_pb(options),
+            append=append,
+        )
+        reply = await self.call("Expand", request)
+        timings = dict(result.timings_ms, **dict(reply.timings_ms))
+        expanded = RetrievalResult(
+            convert.hits_from_pb(reply.hits), result.cache_hit, result.generation, timings
+        )
+        return expanded, reply.graph_used
+
+    def counters(self) -> dict[str, float]:
+        return {}  # the graph role exports its own
+
+
+class RemoteGenerator(StageClient):
+    """The generator stage: ``GeneratorService.GenerateStream`` (deltas, then the checked
+    answer)."""
+
+    service = "ragline.v1.GeneratorService"
+    stub_class = stages_pb2_grpc.GeneratorServiceStub
+
+    async def stream(
+        self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0
+    ) -> AsyncIterator[str | Answer]:
+        if not evidence:  # as the generator itself would: no call for no evidence
+            yield Answer.insufficient_info("no_evidence")
+            return
+        request = stages_pb2.GenerateRequest(
+            query=question, evidence=convert.hits_to_pb(evidence), max_new_tokens=max_new_tokens
+        )
+        final = None
+        async for reply in self.call_stream("GenerateStream", request):
+            if reply.HasField("final"):
+                final = convert.answer_from_pb(reply.final)
+            else:
+                yield reply.delta
+        if final is None:
+            raise errors.Unavailable(f"{self._where()}: the stream ended without an answer")
+        yield final
+
+
+class RemoteFilter(StageClient, Thresholded):
+    """An :class:`~credibility.filter.EvidenceFilter` that calls ``CredibilityService.Score``.
+
+    Any failure — connection refused, deadline, an error status — becomes
+    :class:`Unavailable`, so the gateway never sends unfiltered evidence to the generator.
+    """
+
+    service = "ragline.v1.CredibilityService"
+    stub_class = stages_pb2_grpc.CredibilityServiceStub
+    name = "credibility"
+    calibrated = True
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float,
+        threshold: float,
+        channel: OpenChannel | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        StageClient.__init__(self, address, timeout_s, channel, metrics)
+        Thresholded.__init__(self, threshold)
+
+    async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
+        if not hits:
+            return []
+        request = stages_pb2.ScoreRequest(query=query, hits=convert.hits_to_pb(hits))
+        try:
+            reply = await self.call("Score", request)
+        except errors.RaglineError as exc:
+            if isinstance(exc, errors.Unavailable):
+                raise
+            raise errors.Unavailable(
+                f"{self._where()}: {exc.code}: {exc.message}", retry_after_s=RETRY_AFTER_S
+            ) from exc
+        if len(reply.scores) != len(hits):
+            raise errors.Unavailable(f"{self._where()} returned a wrong count")
+        return [float(s) for s in reply.scores]

@@ -1,11 +1,15 @@
-"""``ragline serve``: every service in one grpc.aio process.
+"""``ragline serve``: one grpc.aio process of a role (``RAGLINE_SERVER_ROLE``).
 
-The public API (``Ragline``) is served on the public port; the internal stage services only
-on their own port (``RAGLINE_SERVER_INTERNAL_PORT``), never beside the public API. Start-up
-order follows the light-``__init__``/heavy-``warm_up`` rule: the configuration (tokens, TLS
-files, the bind address) is checked first, the ports open with health NOT_SERVING, models and
-the index load, then health turns SERVING. SIGTERM/SIGINT flip health to NOT_SERVING and stop
-with a grace period, whatever is still running.
+Role ``all`` serves the public API (``Ragline``) on the public port and the internal stage
+services only on their own port (``RAGLINE_SERVER_INTERNAL_PORT``), never beside the public
+API. Role ``gateway`` serves the public API alone, chaining stage services in other processes;
+a stage role (``retriever``, ``credibility``, ``graph``, ``generator``) serves its stage's
+services alone, on its port. Every port has its own health service.
+
+Start-up order follows the light-``__init__``/heavy-``warm_up`` rule: the configuration
+(tokens, TLS files, the bind address) is checked first, the ports open with health
+NOT_SERVING, models and the index load, then health turns SERVING. SIGTERM/SIGINT flip health
+to NOT_SERVING and stop with a grace period, whatever is still running.
 """
 
 from __future__ import annotations
@@ -18,314 +22,75 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from credibility.filter import ClassifierFilter, EvidenceFilter, ScoreFloorFilter
-from credibility.model import PairClassifier, is_checkpoint
-from generator.core import AnswerGenerator, TextBackend
-from generator.models import choose_backend, resolve_vllm_model
-from graph.build import GraphConfig, GraphIndex
-from graph.walk import GraphPath, WalkConfig
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
-from retriever.backend import IndexBackend
-from retriever.cache import QueryCache
-from retriever.encoders import DenseEncoder, SpladeEncoder
-from retriever.indexer import Indexer, schema_of
-from retriever.search import Retriever, SearchOptions
-from retriever.store import DenseConfig, IndexStore
 from services.auth import TokenRegistry
-from services.gateway import Gateway, Limits
+from services.build import build_gateway
+from services.gateway import Gateway
 from services.interceptors import ServerInterceptor
-from services.metrics import Metrics
-from services.paths import PathPolicy
+from services.local_index import LocalIndex
+from services.metrics import Metrics, MetricsEndpoint
 from services.servicers import (
     CredibilityServicer,
     GeneratorServicer,
     GraphServicer,
+    IndexServicer,
     RaglineServicer,
     RetrieverServicer,
 )
 from services.settings import ServerSettings, Settings
 from services.tls import server_credentials
+from services.tracing import server_interceptors, setup_tracing
 
 logger = logging.getLogger(__name__)
 
+
+def _service(name: str) -> str:
+    return stages_pb2.DESCRIPTOR.services_by_name[name].full_name
+
+
 PUBLIC_SERVICES = (ragline_pb2.DESCRIPTOR.services_by_name["Ragline"].full_name,)
-INTERNAL_SERVICES = (
-    stages_pb2.DESCRIPTOR.services_by_name["RetrieverService"].full_name,
-    stages_pb2.DESCRIPTOR.services_by_name["CredibilityService"].full_name,
-    stages_pb2.DESCRIPTOR.services_by_name["GeneratorService"].full_name,
-    stages_pb2.DESCRIPTOR.services_by_name["GraphService"].full_name,
-)
+ROLE_SERVICES: dict[str, tuple[str, ...]] = {
+    "retriever": (_service("RetrieverService"), _service("IndexService")),
+    "credibility": (_service("CredibilityService"),),
+    "graph": (_service("GraphService"),),
+    "generator": (_service("GeneratorService"),),
+}
+"""The stage services each stage role serves."""
+INTERNAL_SERVICES = tuple(s for names in ROLE_SERVICES.values() for s in names)
+"""Every stage service: what role ``all`` serves on its internal port."""
 MIB = 1024 * 1024
 
-
-def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | None]:
-    """The SPLADE and (dense retrieval on) dense encoders the settings name; nothing loads."""
-    r = settings.retriever
-    threads = settings.server.threads
-    encoder = SpladeEncoder(
-        r.splade_model,
-        r.max_seq_length,
-        r.batch_size,
-        threads=threads,
-        top_terms=r.doc_top_terms,
-        dtype=r.encode_dtype,
-    )
-    dense_encoder = (
-        DenseEncoder(
-            r.dense_model,
-            batch_size=r.batch_size,
-            threads=threads,
-            device=r.dense_device,
-            dtype=r.encode_dtype,
-        )
-        if r.dense_model
-        else None
-    )
-    return encoder, dense_encoder
-
-
-def build_local_indexer(settings: Settings) -> Indexer[IndexStore]:
-    """The local index under ``index_dir`` whatever the backend setting: the offline tools
-    (credibility training data, benches) read its rows directly."""
-    r = settings.retriever
-    encoder, dense_encoder = build_encoders(settings)
-    store = IndexStore(
-        r.index_dir,
-        schema_of(encoder, dense_encoder),
-        dense=DenseConfig(
-            m=r.hnsw_m,
-            ef_construction=r.hnsw_ef_construction,
-            ef_search=r.hnsw_ef_search,
-            device=r.dense_device,
-        ),
-        sparse_backend=r.sparse_backend,
-    )
-    return Indexer(store, encoder, dense_encoder)
-
-
-def build_indexer(settings: Settings) -> Indexer[IndexBackend]:
-    """The index backend the settings name (``RAGLINE_RETRIEVER_BACKEND``) and the encoders
-    that write and query it (nothing loads yet)."""
-    r = settings.retriever
-    if r.backend != "qdrant":
-        return build_local_indexer(settings)
-    from retriever.qdrant_backend import QdrantBackend
-
-    encoder, dense_encoder = build_encoders(settings)
-    backend = QdrantBackend(
-        schema_of(encoder, dense_encoder),
-        url=r.qdrant_url,
-        path=None if r.qdrant_url else r.index_dir / "qdrant",
-        mode=r.qdrant_mode,
-        collection=r.qdrant_collection,
-        api_key=r.qdrant_api_key,
-        hnsw_m=r.hnsw_m,
-        ef_construction=r.hnsw_ef_construction,
-        ef_search=r.hnsw_ef_search,
-    )
-    return Indexer(backend, encoder, dense_encoder)
-
-
-def default_options(settings: Settings, store: IndexBackend) -> SearchOptions:
-    """The retriever settings' defaults; sparse when the store has no dense side."""
-    r = settings.retriever
-    mode = r.mode if store.dense_enabled else "sparse"
-    return SearchOptions(
-        mode=mode,
-        fusion=r.fusion,
-        sparse_weight=r.sparse_weight,
-        dense_weight=r.dense_weight,
-        graph=settings.graph.enabled,
-    )
-
-
-def build_graph(settings: Settings) -> GraphPath | None:
-    """The selective graph and its query path (None when ``RAGLINE_GRAPH_ENABLED=false``).
-    Light: the persisted graph is read here, brought in step with the index by
-    :meth:`Gateway.sync_graph`."""
-    g = settings.graph
-    if not g.enabled:
-        return None
-    index = GraphIndex(
-        GraphConfig(threshold=g.threshold, max_df=g.max_df, parse=g.parse, label_top=g.neighbours),
-        Path(g.dir or Path(settings.retriever.index_dir) / "graph"),
-    )
-    return GraphPath(
-        index,
-        WalkConfig(hops=g.hops, neighbours=g.neighbours),
-        slots=g.slots,
-        part_k=g.part_k,
-        depth=g.depth,
-    )
-
-
-def build_text_backend(settings: Settings) -> TextBackend:
-    """The generator backend the settings name (``auto`` resolved). Light: nothing loads."""
-    g = settings.generator
-    kind = choose_backend(g.backend, g.model, g.vllm_model_dir)
-    logger.info("generator backend %s (setting %s)", kind, g.backend)
-    if kind == "vllm":
-        from generator.vllm_backend import VllmBackend
-
-        return VllmBackend(
-            resolve_vllm_model(g.model, g.vllm_model_dir),
-            max_model_len=g.vllm_max_model_len,
-            kv_cache_gib=g.vllm_kv_cache_gib,
-            threads=settings.server.threads,
-        )
-    if kind == "llamacpp":
-        from generator.llamacpp_backend import LlamaCppBackend
-
-        return LlamaCppBackend(
-            g.model,
-            threads=g.llamacpp_threads,
-            context_tokens=g.llamacpp_context_tokens,
-            parallel=g.llamacpp_parallel,
-            max_queue=g.llamacpp_max_queue,
-            batch_tokens=g.llamacpp_batch_tokens,
-            cache_ram_mib=g.llamacpp_cache_ram_mib,
-        )
-    if kind == "openai":
-        from generator.openai_backend import OpenAIBackend
-
-        def endpoint(url: str) -> OpenAIBackend:
-            return OpenAIBackend(
-                url,
-                g.openai_model or g.model,
-                api_key=g.openai_api_key,
-                timeout_s=g.openai_timeout_s,
-                retries=g.openai_retries,
-            )
-
-        if g.openai_routes:
-            from generator.routing import LengthRouter
-
-            return LengthRouter.from_spec(g.openai_routes, endpoint)
-        return endpoint(g.openai_base_url)
-    from generator.transformers_backend import TransformersBackend
-
-    return TransformersBackend(g.model, threads=settings.server.threads)
-
-
-def build_filter(settings: Settings) -> EvidenceFilter:
-    """The evidence filter the settings ask for (see ``CredibilitySettings``)."""
-    c = settings.credibility
-    if c.address:
-        from services.client import open_channel
-        from services.remote import RemoteFilter
-
-        def channel(target: str) -> grpc.aio.Channel:  # TLS, mTLS and token as configured
-            return open_channel(settings.server, target, aio=True)
-
-        return RemoteFilter(c.address, c.timeout_s, c.threshold, channel)
-    if c.backend == "score_floor":
-        return ScoreFloorFilter(c.score_floor)
-    if c.backend == "auto" and not is_checkpoint(c.model_dir):
-        logger.warning(
-            "no credibility checkpoint at %s: evidence is filtered by the SPLADE score floor "
-            "%g instead (train one with `ragline credibility train`)",
-            c.model_dir,
-            c.score_floor,
-        )
-        return ScoreFloorFilter(c.score_floor)
-    classifier = PairClassifier(
-        c.model_dir,
-        max_length=c.max_length,
-        max_words=c.max_words,
-        threads=settings.server.threads,
-        quantize=c.quantize,
-    )
-    return ClassifierFilter(classifier, c.threshold, c.timeout_s)
-
-
-def build_gateway(settings: Settings, indexer: Indexer[IndexBackend] | None = None) -> Gateway:
-    """Wire the stages from settings (``indexer``: one already built, say sharing loaded
-    encoders). Light: nothing loads until :func:`warm_up`."""
-    indexer = indexer or build_indexer(settings)
-    store = indexer.store
-    c = settings.cache
-    cache = (
-        QueryCache(
-            url=c.redis_url,
-            ttl_s=c.ttl_s,
-            timeout_s=c.timeout_s,
-            cooldown_s=c.cooldown_s,
-            prefix=c.key_prefix,
-        )
-        if c.enabled
-        else None
-    )
-    g = settings.generator
-    generator = AnswerGenerator(
-        build_text_backend(settings),
-        max_new_tokens=g.max_new_tokens,
-        max_evidence_tokens=g.max_evidence_tokens,
-        tokenizer=str(g.vllm_model_dir),
-        min_support=g.min_support,
-        key_window=g.key_window,
-        focus_sentences=g.focus_sentences,
-        quote=g.quote,
-    )
-    r = settings.retriever
-    i = settings.ingest
-    return Gateway(
-        indexer=indexer,
-        retriever=Retriever(
-            store,
-            indexer.sparse,
-            indexer.dense,
-            cache=cache,
-            query_encoder=settings.retriever.query_encoder,
-        ),
-        default_options=default_options(settings, store),
-        evidence_filter=build_filter(settings),
-        fallback_filter=(
-            ScoreFloorFilter(settings.credibility.score_floor)
-            if settings.credibility.on_unavailable == "score_floor"
-            else None
-        ),
-        generator=generator,
-        limits=Limits(
-            default_k=r.default_k,
-            max_k=r.max_k,
-            max_query_chars=r.max_query_chars,
-            max_new_tokens=g.max_new_tokens_limit,
-            max_evidence=g.max_evidence,
-            max_passage_chars=g.max_passage_chars,
-            threshold_bounds=(
-                settings.credibility.min_threshold,
-                settings.credibility.max_threshold,
-            ),
-        ),
-        evidence_k=g.evidence_k,
-        chunker=i.chunker(settings.retriever.splade_model),
-        pdf_limits=i.pdf_limits(),
-        ingest_workers=i.workers,
-        worker_memory_mib=i.worker_memory_mib,
-        path_policy=PathPolicy.from_setting(i.path_roots),
-        graph=build_graph(settings),
-    )
+Register = Callable[[grpc.aio.Server, Gateway], None]
+_REGISTER: dict[str, Register] = {
+    _service("RetrieverService"): lambda srv, g: (
+        stages_pb2_grpc.add_RetrieverServiceServicer_to_server(RetrieverServicer(g), srv)
+    ),
+    _service("IndexService"): lambda srv, g: stages_pb2_grpc.add_IndexServiceServicer_to_server(
+        IndexServicer(g), srv
+    ),
+    _service("CredibilityService"): lambda srv, g: (
+        stages_pb2_grpc.add_CredibilityServiceServicer_to_server(CredibilityServicer(g), srv)
+    ),
+    _service("GraphService"): lambda srv, g: stages_pb2_grpc.add_GraphServiceServicer_to_server(
+        GraphServicer(g), srv
+    ),
+    _service("GeneratorService"): lambda srv, g: (
+        stages_pb2_grpc.add_GeneratorServiceServicer_to_server(GeneratorServicer(g), srv)
+    ),
+}
 
 
 def warm_up(gateway: Gateway, generator: bool = True) -> None:
-    """Load the models and the index. ``generator=False`` leaves the generator to load on the
-    first Answer (a retrieval-only run need not start a vLLM engine)."""
-    indexer = gateway.indexer
-    indexer.sparse.warm_up()
-    if indexer.dense is not None:
-        indexer.dense.warm_up()
-    indexer.load()
-    gateway.sync_graph()
-    gateway.filter.warm_up()
-    if generator:
-        gateway.generator.warm_up()
+    """Load the models and the index of the stages this process holds (see
+    :meth:`Gateway.warm_up`)."""
+    gateway.warm_up(generator)
 
 
 def load_tokens(server: ServerSettings) -> TokenRegistry | None:
@@ -379,8 +144,9 @@ def check_exposure(server: ServerSettings, tokens: TokenRegistry | None) -> None
 def _add_port(
     server: grpc.aio.Server, address: str, settings: ServerSettings, internal: bool
 ) -> int:
-    """Bind ``address``: TLS when a certificate is configured, and on the internal port
-    mutual TLS when a client CA is (clients of the public port are apps, not services)."""
+    """Bind ``address``: TLS when a certificate is configured, and on an internal port (the
+    stage services) mutual TLS when a client CA is (clients of the public port are apps, not
+    services)."""
     if settings.tls_cert_file is None and settings.tls_key_file is None:
         if settings.tls_client_ca_file is not None:  # mTLS asked for, plaintext would follow
             raise ValueError("TLS_CLIENT_CA_FILE needs TLS_CERT_FILE and TLS_KEY_FILE too")
@@ -390,6 +156,24 @@ def _add_port(
     client_ca = settings.tls_client_ca_file if internal else None
     credentials = server_credentials(settings.tls_cert_file, settings.tls_key_file, client_ca)
     return server.add_secure_port(address, credentials)
+
+
+def server_options(settings: ServerSettings, max_message_mib: int) -> list[tuple[str, int]]:
+    """Message limits, keepalive and connection ageing of a server port: a connection older
+    than ``max_connection_age_ms`` is closed (after a grace for calls in flight), so clients
+    behind a load balancer reconnect and spread over new replicas."""
+    return [
+        ("grpc.max_receive_message_length", max_message_mib * MIB),
+        ("grpc.max_send_message_length", max_message_mib * MIB),
+        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # accept the stage clients' pings (every keepalive_time_ms) on idle connections
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", settings.keepalive_time_ms // 2),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.max_connection_age_ms", settings.max_connection_age_ms),
+        ("grpc.max_connection_age_grace_ms", settings.max_connection_age_grace_ms),
+    ]
 
 
 @dataclass
@@ -413,38 +197,45 @@ def _open_port(
     address: str,
     max_message_mib: int,
     services: tuple[str, ...],
-    add: list,
+    register: Callable[[grpc.aio.Server], None],
+    internal: bool,
 ) -> _Port:
-    server = grpc.aio.server(
-        interceptors=[interceptor],
-        options=[
-            ("grpc.max_receive_message_length", max_message_mib * MIB),
-            ("grpc.max_send_message_length", max_message_mib * MIB),
-        ],
+    server = grpc.aio.server(  # the trace's span first: the request log line names it
+        interceptors=[*server_interceptors(), interceptor],
+        options=server_options(settings, max_message_mib),
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for register in add:
-        register(server)
+    register(server)
     reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
-    port = _add_port(server, address, settings, internal=services == INTERNAL_SERVICES)
+    port = _add_port(server, address, settings, internal=internal)
     return _Port(server, port, health_servicer, services)
 
 
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
+    """The first port's server: the public API's, or a stage role's own."""
     port: int
     gateway: Gateway
     health: health.aio.HealthServicer
-    metrics: Metrics
     internal: _Port | None = None
-    """The internal stage services' port, when configured."""
+    """Role ``all``: the internal stage services' port, when configured."""
     tasks: list[asyncio.Task] = field(default_factory=list)
+    metrics_endpoint: MetricsEndpoint | None = None
+    role: str = "all"
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.gateway.metrics
 
     @property
     def internal_port(self) -> int | None:
         return self.internal.port if self.internal else None
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.metrics_endpoint.port if self.metrics_endpoint else None
 
     async def stop(self, grace: float | None = None) -> None:
         for task in self.tasks:
@@ -455,50 +246,66 @@ class RunningServer:
             await self.internal.health.enter_graceful_shutdown()
             stops.append(self.internal.server.stop(grace))
         await asyncio.gather(*stops)
-        cache = self.gateway.retriever.cache
-        if cache is not None:
-            await cache.close()
-        close_filter = getattr(self.gateway.filter, "close", None)
-        if close_filter is not None:
-            await close_filter()
-        close = getattr(self.gateway.generator.backend, "close", None)
-        if close is not None:  # vLLM: stop its engine processes now, not at interpreter exit
-            # On the loop, not in a thread: vLLM's output task then ends quietly instead of
-            # logging an EngineDeadError traceback on every shutdown.
-            close()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
+        await self.gateway.close()
 
 
-def _models(gateway: Gateway) -> dict[str, str]:
-    return {
-        "splade": gateway.indexer.sparse.model_id,
-        "dense": gateway.indexer.dense.model_id if gateway.indexer.dense else "",
-        "index_backend": gateway.store.name,
-        "sparse_backend": getattr(gateway.store, "sparse_backend", gateway.store.name),
-        "generator": gateway.generator.backend.model_id,
-        "evidence_filter": gateway.filter.name,
-        "credibility": gateway.filter.model_id,
-    }
+def _interceptor(
+    settings: ServerSettings, gateway: Gateway, tokens: TokenRegistry | None
+) -> ServerInterceptor:
+    return ServerInterceptor(
+        gateway.metrics,
+        {"default": settings.max_concurrent_rpcs, "answer": settings.max_concurrent_answers},
+        tokens,
+        deadlines={
+            "default": settings.default_deadline_s,
+            "answer": settings.answer_deadline_s,
+            "ingest": settings.ingest_deadline_s,
+        },
+    )
+
+
+def _register_stages(
+    services: tuple[str, ...], gateway: Gateway
+) -> Callable[[grpc.aio.Server], None]:
+    def register(server: grpc.aio.Server) -> None:
+        for name in services:
+            _REGISTER[name](server, gateway)
+
+    return register
 
 
 def _open_ports(
-    settings: Settings, gateway: Gateway, metrics: Metrics, tokens: TokenRegistry | None
+    settings: Settings, gateway: Gateway, tokens: TokenRegistry | None
 ) -> tuple[_Port, _Port | None]:
+    """(the first port, role ``all``'s internal port or None)."""
     s = settings.server
-    interceptor = ServerInterceptor(
-        metrics,
-        {"default": s.max_concurrent_rpcs, "answer": s.max_concurrent_answers},
-        tokens,
-    )
-    servicer = RaglineServicer(gateway, metrics, _models(gateway), s.expose_paths)
+    interceptor = _interceptor(s, gateway, tokens)
+    if s.role in ROLE_SERVICES:  # a stage role: its services alone, as an internal port
+        services = ROLE_SERVICES[s.role]
+        uploads = _service("IndexService") in services  # Ingest carries the PDFs' bytes
+        stage = _open_port(
+            s,
+            interceptor,
+            f"{s.host}:{s.port}",
+            s.max_message_mib if uploads else s.internal_max_message_mib,
+            services,
+            _register_stages(services, gateway),
+            internal=True,
+        )
+        return stage, None
+    servicer = RaglineServicer(gateway, s.expose_paths)
     public = _open_port(
         s,
         interceptor,
         f"{s.host}:{s.port}",
         s.max_message_mib,
         PUBLIC_SERVICES,
-        [lambda srv: ragline_pb2_grpc.add_RaglineServicer_to_server(servicer, srv)],
+        lambda srv: ragline_pb2_grpc.add_RaglineServicer_to_server(servicer, srv),
+        internal=False,
     )
-    if s.internal_port is None:
+    if s.internal_port is None or s.role != "all":
         return public, None
     internal = _open_port(
         s,
@@ -506,31 +313,19 @@ def _open_ports(
         f"{s.internal_host}:{s.internal_port}",
         s.internal_max_message_mib,
         INTERNAL_SERVICES,
-        [
-            lambda srv: stages_pb2_grpc.add_RetrieverServiceServicer_to_server(
-                RetrieverServicer(gateway), srv
-            ),
-            lambda srv: stages_pb2_grpc.add_CredibilityServiceServicer_to_server(
-                CredibilityServicer(gateway), srv
-            ),
-            lambda srv: stages_pb2_grpc.add_GeneratorServiceServicer_to_server(
-                GeneratorServicer(gateway), srv
-            ),
-            lambda srv: stages_pb2_grpc.add_GraphServiceServicer_to_server(
-                GraphServicer(gateway), srv
-            ),
-        ],
+        _register_stages(INTERNAL_SERVICES, gateway),
+        internal=True,
     )
     return public, internal
 
 
-async def _reload_loop(gateway: Gateway, interval_s: float) -> None:
+async def _reload_loop(index: LocalIndex, interval_s: float) -> None:
     """Pick up generations another process (``ragline ingest``) commits to the index."""
     while True:
         await asyncio.sleep(interval_s)
         try:
-            if await gateway.refresh_index():
-                logger.info("loaded index generation %d from disk", gateway.store.view.generation)
+            if await index.refresh():
+                logger.info("loaded index generation %d from disk", index.store.view.generation)
         except Exception:  # a bad snapshot on disk must not stop the server serving the last
             logger.exception("could not load the index written by another process")
 
@@ -544,40 +339,52 @@ async def start_server(
 
     Raises:
         ValueError: a configuration that must not serve (see :func:`check_exposure`), or
-            unreadable tokens or TLS files.
+            unreadable tokens or TLS files, or a role without the addresses it needs.
     """
     tokens = load_tokens(settings.server)
     check_exposure(settings.server, tokens)
+    setup_tracing(settings.tracing, settings.server.role)
     gateway = gateway or build_gateway(settings)
-    metrics = Metrics()
-    public, internal = _open_ports(settings, gateway, metrics, tokens)
-    ports = [public] + ([internal] if internal else [])
+    first, internal = _open_ports(settings, gateway, tokens)
+    ports = [first] + ([internal] if internal else [])
     for port in ports:
         await port.server.start()
         await port.set_health(False)
     started = time.perf_counter()
     try:
-        await asyncio.to_thread(warm_up, gateway, warm_generator)
+        await asyncio.to_thread(gateway.warm_up, warm_generator)
     except BaseException:
         for port in ports:
             await port.server.stop(None)
         raise
+    s = settings.server
+    endpoint = (
+        gateway.metrics.serve_http(s.metrics_host, s.metrics_port)
+        if s.metrics_port is not None
+        else None
+    )
     for port in ports:
         await port.set_health(True)
-    running = RunningServer(public.server, public.port, gateway, public.health, metrics, internal)
-    if settings.server.reload_interval_s > 0:
-        running.tasks.append(
-            asyncio.create_task(_reload_loop(gateway, settings.server.reload_interval_s))
-        )
-    view = gateway.store.view
+    running = RunningServer(
+        first.server,
+        first.port,
+        gateway,
+        first.health,
+        internal,
+        metrics_endpoint=endpoint,
+        role=s.role,
+    )
+    index = next((p for p in gateway.stages() if isinstance(p, LocalIndex)), None)
+    if index is not None and s.reload_interval_s > 0:
+        running.tasks.append(asyncio.create_task(_reload_loop(index, s.reload_interval_s)))
     logger.info(
-        "serving on %s:%d%s (warm-up %.1f s, index generation %d, %d chunks)",
-        settings.server.host,
-        public.port,
-        f", internal stages on {settings.server.internal_host}:{internal.port}" if internal else "",
+        "role %s serving on %s:%d%s%s (warm-up %.1f s)",
+        s.role,
+        s.host,
+        first.port,
+        f", internal stages on {s.internal_host}:{internal.port}" if internal else "",
+        f", metrics on {s.metrics_host}:{endpoint.port}" if endpoint else "",
         time.perf_counter() - started,
-        view.generation,
-        view.count(),
     )
     return running
 
@@ -595,7 +402,12 @@ async def serve(settings: Settings, exit_when_stopped: bool = False) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     internal = f", internal {running.internal_port}" if running.internal else ""
-    print(f"ragline serving on {settings.server.host}:{running.port}{internal}", flush=True)
+    metrics = f", metrics {running.metrics_port}" if running.metrics_endpoint else ""
+    print(
+        f"ragline serving on {settings.server.host}:{running.port}{internal}{metrics} "
+        f"(role {settings.server.role})",
+        flush=True,
+    )
     await stop.wait()
     grace = settings.server.grace_s
     logger.info("shutting down (grace %.1f s)", grace)

@@ -109,6 +109,72 @@ class ServerSettings(BaseSettings):
         description="How often the server checks the index's CURRENT for a generation written "
         "by another process (`ragline ingest`) and loads it (0 = never).",
     )
+    role: Literal["all", "gateway", "retriever", "credibility", "graph", "generator"] = Field(
+        "all",
+        description="What this process serves: `all` = every stage in one process (the public "
+        "API on PORT, the stage services on INTERNAL_PORT when set); `gateway` = the public API, "
+        "chaining stage services at RAGLINE_STAGES_*_ADDRESS and RAGLINE_CREDIBILITY_ADDRESS; "
+        "`retriever` (RetrieverService + IndexService: search, ingest, delete), `credibility`, "
+        "`graph` or `generator` = that stage's service alone on PORT.",
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus metrics over HTTP on this port at /metrics (unset = not "
+        "served; GetStats still returns them; 0 = any free port).",
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address the metrics endpoint binds to.")
+    default_deadline_s: float = Field(
+        30.0,
+        gt=0,
+        description="Deadline of an RPC whose caller set none (Retrieve, Search, Score, Expand, "
+        "GetStats, DeleteDocument): no request runs unbounded.",
+    )
+    answer_deadline_s: float = Field(
+        120.0, gt=0, description="The same for Answer, AnswerStream, Generate, GenerateStream."
+    )
+    ingest_deadline_s: float = Field(
+        3600.0,
+        gt=0,
+        description="The same for Ingest (an ingest whose caller went away still completes: "
+        "documents land whole).",
+    )
+    keepalive_time_ms: int = Field(
+        30000,
+        ge=1000,
+        description="HTTP/2 keepalive ping interval, server and stage clients: a dead peer "
+        "behind a load balancer or NAT is noticed instead of hanging calls.",
+    )
+    keepalive_timeout_ms: int = Field(
+        10000, ge=1000, description="How long a keepalive ping may go unanswered."
+    )
+    max_connection_age_ms: int = Field(
+        600000,
+        ge=1000,
+        description="The server closes a connection (GOAWAY) after this long, so clients "
+        "reconnect and spread over new replicas behind a load balancer.",
+    )
+    max_connection_age_grace_ms: int = Field(
+        30000, ge=0, description="Time calls in flight get to finish on an aged connection."
+    )
+    retry_attempts: int = Field(
+        4,
+        ge=1,
+        le=5,
+        description="Stage clients: attempts of a call that failed UNAVAILABLE (gRPC retry "
+        "policy; 1 = no retries). Retries back off from RETRY_BACKOFF_S, doubling.",
+    )
+    retry_backoff_s: float = Field(
+        0.05, gt=0, le=5, description="First retry's (randomised) backoff."
+    )
+    reconnect_max_ms: int = Field(
+        1000,
+        ge=100,
+        description="Stage clients: longest wait between reconnection attempts to a stage "
+        "that went away (gRPC's own default, 120 s, would leave a restarted stage unused "
+        "for minutes).",
+    )
 
 
 class IngestSettings(BaseSettings):
@@ -440,6 +506,20 @@ class GeneratorSettings(BaseSettings):
         "tokens (estimated at 4 characters each) go to a, under 2048 to b, the rest to c. "
         "Empty = one endpoint, OPENAI_BASE_URL.",
     )
+    length_buckets: str = Field(
+        "",
+        description="Length buckets for the in-process engines (vllm, llamacpp, transformers), "
+        "e.g. '512:3,inf:1': prompts under 512 tokens (estimated at 4 characters each) at most "
+        "3 in the engine at once, longer ones 1, each bucket with its own queue, so a short "
+        "question never waits behind long prompts. Empty = one queue.",
+    )
+    bucket_max_queue: int = Field(
+        8,
+        ge=0,
+        le=1024,
+        description="Requests that may wait in each length bucket; beyond, RESOURCE_EXHAUSTED "
+        "with a retry hint.",
+    )
     evidence_k: int = Field(4, ge=1, le=20, description="Passages given to the model.")
     max_new_tokens: int = Field(
         96, ge=1, le=4096, description="Generated tokens when a request does not say."
@@ -548,6 +628,52 @@ class GraphSettings(BaseSettings):
     )
 
 
+class StagesSettings(BaseSettings):
+    """Where the gateway role (and the graph role, for its searches) finds the stage services;
+    the credibility service is ``RAGLINE_CREDIBILITY_ADDRESS``."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_STAGES_")
+
+    retriever_address: str = Field(
+        "", description="host:port of the retriever role (RetrieverService + IndexService)."
+    )
+    retriever_timeout_s: float = Field(
+        10.0, gt=0, description="Longest one Search call may take (within the caller's deadline)."
+    )
+    graph_address: str = Field(
+        "", description="host:port of the graph role (empty: the gateway takes no graph path)."
+    )
+    graph_timeout_s: float = Field(10.0, gt=0, description="Longest one Expand call may take.")
+    generator_address: str = Field("", description="host:port of the generator role.")
+    generator_timeout_s: float = Field(
+        120.0, gt=0, description="Longest one generation may take (within the caller's deadline)."
+    )
+
+
+class TracingSettings(BaseSettings):
+    """OpenTelemetry tracing across the stage hops (the ``[otel]`` extra)."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_TRACING_")
+
+    exporter: Literal["none", "otlp", "file"] = Field(
+        "none",
+        description="Where spans go: none (tracing off), otlp (a collector, OTLP over gRPC), "
+        "file (JSON lines in FILE, one per process).",
+    )
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4317", description="The OpenTelemetry collector (exporter otlp)."
+    )
+    otlp_insecure: bool = Field(True, description="Plaintext to the collector (no TLS).")
+    file: Path | None = Field(None, description="JSON-lines span file (exporter file).")
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of new traces recorded; a stage follows its caller's decision.",
+    )
+    service_name: str = Field("", description="service.name of the spans (empty: ragline-ROLE).")
+
+
 class Settings(BaseSettings):
     """All services' settings together (the embedded one-process deployment)."""
 
@@ -558,6 +684,8 @@ class Settings(BaseSettings):
     credibility: CredibilitySettings = Field(default_factory=lambda: CredibilitySettings())
     generator: GeneratorSettings = Field(default_factory=lambda: GeneratorSettings())
     graph: GraphSettings = Field(default_factory=lambda: GraphSettings())
+    stages: StagesSettings = Field(default_factory=lambda: StagesSettings())
+    tracing: TracingSettings = Field(default_factory=lambda: TracingSettings())
 
 
 SECTIONS: dict[str, type[BaseSettings]] = {
@@ -568,6 +696,8 @@ SECTIONS: dict[str, type[BaseSettings]] = {
     "credibility": CredibilitySettings,
     "generator": GeneratorSettings,
     "graph": GraphSettings,
+    "stages": StagesSettings,
+    "tracing": TracingSettings,
 }
 
 

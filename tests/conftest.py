@@ -23,7 +23,8 @@ from retriever.indexer import Indexer, schema_of
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE
 from retriever.search import Retriever
 from retriever.store import IndexStore
-from services.server import RunningServer, build_gateway, start_server
+from services.build import build_gateway
+from services.server import RunningServer, start_server
 from services.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,7 +158,7 @@ async def server(
 
 async def serve_beside(settings: Settings, shared: RunningServer) -> RunningServer:
     """A second server over the session server's index and generator (no second engine)."""
-    gateway = build_gateway(settings, shared.gateway.indexer)
+    gateway = build_gateway(settings, shared.gateway.local_index.indexer)
     gateway.generator = shared.gateway.generator
     return await start_server(settings, gateway)
 
@@ -170,8 +171,9 @@ async def stop_beside(running: RunningServer) -> None:
     await running.server.stop(0)
     if running.internal is not None:
         await running.internal.server.stop(0)
-    if running.gateway.retriever.cache is not None:
-        await running.gateway.retriever.cache.close()
+    retriever = running.gateway.retriever
+    if isinstance(retriever, Retriever) and retriever.cache is not None:
+        await retriever.cache.close()
 
 
 @pytest.fixture(scope="session")

@@ -23,51 +23,86 @@ _sym_db = _symbol_database.Default()
 
 
 from ragline.v1 import common_pb2 as ragline_dot_v1_dot_common__pb2
+from ragline.v1 import ragline_pb2 as ragline_dot_v1_dot_ragline__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragline/v1/stages.proto\x12\nragline.v1\x1a\x17ragline/v1/common.proto\"k\n\rSearchRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x14\n\x0c\x62ypass_cache\x18\x03 \x01(\x08\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.ragline.v1.SearchOptions\"\xcd\x01\n\x0eSearchResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tcache_hit\x18\x02 \x01(\x08\x12\x18\n\x10index_generation\x18\x03 \x01(\x03\x12=\n\ntimings_ms\x18\x04 \x03(\x0b\x32).ragline.v1.SearchResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x0cScoreRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x1d\n\x04hits\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tthreshold\x18\x03 \x01(\x02\"\xb0\x01\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x02\x12\x0c\n\x04kept\x18\x02 \x03(\x08\x12<\n\ntimings_ms\x18\x03 \x03(\x0b\x32(.ragline.v1.ScoreResponse.TimingsMsEntry\x12\x11\n\tthreshold\x18\x04 \x01(\x02\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"H\n\rExpandRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x1d\n\x04hits\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\t\n\x01k\x18\x03 \x01(\x05\"C\n\x0e\x45xpandResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x12\n\ngraph_used\x18\x02 \x01(\x08\"[\n\x0fGenerateRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12!\n\x08\x65vidence\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\"\xe4\x01\n\x10GenerateResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x14\n\x0cinsufficient\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\tcitations\x18\x04 \x03(\x0b\x32\x14.ragline.v1.Citation\x12?\n\ntimings_ms\x18\x05 \x03(\x0b\x32+.ragline.v1.GenerateResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"a\n\x16GenerateStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.ragline.v1.GenerateResponseH\x00\x42\x07\n\x05\x65vent2S\n\x10RetrieverService\x12?\n\x06Search\x12\x19.ragline.v1.SearchRequest\x1a\x1a.ragline.v1.SearchResponse2R\n\x12\x43redibilityService\x12<\n\x05Score\x12\x18.ragline.v1.ScoreRequest\x1a\x19.ragline.v1.ScoreResponse2O\n\x0cGraphService\x12?\n\x06\x45xpand\x12\x19.ragline.v1.ExpandRequest\x1a\x1a.ragline.v1.ExpandResponse2\xae\x01\n\x10GeneratorService\x12\x45\n\x08Generate\x12\x1b.ragline.v1.GenerateRequest\x1a\x1c.ragline.v1.GenerateResponse\x12S\n\x0eGenerateStream\x12\x1b.ragline.v1.GenerateRequest\x1a\".ragline.v1.GenerateStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ragline/v1/stages.proto\x12\nragline.v1\x1a\x17ragline/v1/common.proto\x1a\x18ragline/v1/ragline.proto\"3\n\x0f\x43ollectionGrant\x12\x0b\n\x03\x61ll\x18\x01 \x01(\x08\x12\x13\n\x0b\x63ollections\x18\x02 \x03(\t\"l\n\x12IndexIngestRequest\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x19.ragline.v1.IngestRequest\x12*\n\x05grant\x18\x02 \x01(\x0b\x32\x1b.ragline.v1.CollectionGrant\"t\n\x12IndexDeleteRequest\x12\x32\n\x07request\x18\x01 \x01(\x0b\x32!.ragline.v1.DeleteDocumentRequest\x12*\n\x05grant\x18\x02 \x01(\x0b\x32\x1b.ragline.v1.CollectionGrant\"\"\n\x0f\x44\x65scribeRequest\x12\x0f\n\x07\x64oc_ids\x18\x01 \x03(\t\"3\n\x0e\x43ollectionSize\x12\x11\n\tdocuments\x18\x01 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x03\"\xb9\x04\n\x10\x44\x65scribeResponse\x12\x18\n\x10index_generation\x18\x01 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x03\x12\x42\n\x0b\x63ollections\x18\x03 \x03(\x0b\x32-.ragline.v1.DescribeResponse.CollectionsEntry\x12I\n\x0f\x64oc_collections\x18\x04 \x03(\x0b\x32\x30.ragline.v1.DescribeResponse.DocCollectionsEntry\x12\x38\n\x06models\x18\x05 \x03(\x0b\x32(.ragline.v1.DescribeResponse.ModelsEntry\x12<\n\x08\x63ounters\x18\x06 \x03(\x0b\x32*.ragline.v1.DescribeResponse.CountersEntry\x12\r\n\x05\x64\x65nse\x18\x07 \x01(\x08\x1aN\n\x10\x43ollectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.ragline.v1.CollectionSize:\x02\x38\x01\x1a\x35\n\x13\x44ocCollectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bModelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"k\n\rSearchRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x14\n\x0c\x62ypass_cache\x18\x03 \x01(\x08\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.ragline.v1.SearchOptions\"\xcd\x01\n\x0eSearchResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tcache_hit\x18\x02 \x01(\x08\x12\x18\n\x10index_generation\x18\x03 \x01(\x03\x12=\n\ntimings_ms\x18\x04 \x03(\x0b\x32).ragline.v1.SearchResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"O\n\x0cScoreRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x1d\n\x04hits\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tthreshold\x18\x03 \x01(\x02\"\xb0\x01\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x02\x12\x0c\n\x04kept\x18\x02 \x03(\x08\x12<\n\ntimings_ms\x18\x03 \x03(\x0b\x32(.ragline.v1.ScoreResponse.TimingsMsEntry\x12\x11\n\tthreshold\x18\x04 \x01(\x02\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x84\x01\n\rExpandRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x1d\n\x04hits\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\t\n\x01k\x18\x03 \x01(\x05\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.ragline.v1.SearchOptions\x12\x0e\n\x06\x61ppend\x18\x05 \x01(\x08\"\xb4\x01\n\x0e\x45xpandResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x12\n\ngraph_used\x18\x02 \x01(\x08\x12=\n\ntimings_ms\x18\x03 \x03(\x0b\x32).ragline.v1.ExpandResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\x0fGenerateRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12!\n\x08\x65vidence\x18\x02 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\"\xe4\x01\n\x10GenerateResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x14\n\x0cinsufficient\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\tcitations\x18\x04 \x03(\x0b\x32\x14.ragline.v1.Citation\x12?\n\ntimings_ms\x18\x05 \x03(\x0b\x32+.ragline.v1.GenerateResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"a\n\x16GenerateStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.ragline.v1.GenerateResponseH\x00\x42\x07\n\x05\x65vent2S\n\x10RetrieverService\x12?\n\x06Search\x12\x19.ragline.v1.SearchRequest\x1a\x1a.ragline.v1.SearchResponse2\xf1\x01\n\x0cIndexService\x12\x44\n\x06Ingest\x12\x1e.ragline.v1.IndexIngestRequest\x1a\x1a.ragline.v1.IngestResponse\x12T\n\x0e\x44\x65leteDocument\x12\x1e.ragline.v1.IndexDeleteRequest\x1a\".ragline.v1.DeleteDocumentResponse\x12\x45\n\x08\x44\x65scribe\x12\x1b.ragline.v1.DescribeRequest\x1a\x1c.ragline.v1.DescribeResponse2R\n\x12\x43redibilityService\x12<\n\x05Score\x12\x18.ragline.v1.ScoreRequest\x1a\x19.ragline.v1.ScoreResponse2O\n\x0cGraphService\x12?\n\x06\x45xpand\x12\x19.ragline.v1.ExpandRequest\x1a\x1a.ragline.v1.ExpandResponse2\xae\x01\n\x10GeneratorService\x12\x45\n\x08Generate\x12\x1b.ragline.v1.GenerateRequest\x1a\x1c.ragline.v1.GenerateResponse\x12S\n\x0eGenerateStream\x12\x1b.ragline.v1.GenerateRequest\x1a\".ragline.v1.GenerateStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragline.v1.stages_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_DESCRIBERESPONSE_COLLECTIONSENTRY']._loaded_options = None
+  _globals['_DESCRIBERESPONSE_COLLECTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_DESCRIBERESPONSE_DOCCOLLECTIONSENTRY']._loaded_options = None
+  _globals['_DESCRIBERESPONSE_DOCCOLLECTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_DESCRIBERESPONSE_MODELSENTRY']._loaded_options = None
+  _globals['_DESCRIBERESPONSE_MODELSENTRY']._serialized_options = b'8\001'
+  _globals['_DESCRIBERESPONSE_COUNTERSENTRY']._loaded_options = None
+  _globals['_DESCRIBERESPONSE_COUNTERSENTRY']._serialized_options = b'8\001'
   _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._loaded_options = None
   _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_options = b'8\001'
   _globals['_SCORERESPONSE_TIMINGSMSENTRY']._loaded_options = None
   _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_options = b'8\001'
+  _globals['_EXPANDRESPONSE_TIMINGSMSENTRY']._loaded_options = None
+  _globals['_EXPANDRESPONSE_TIMINGSMSENTRY']._serialized_options = b'8\001'
   _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._loaded_options = None
   _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_options = b'8\001'
-  _globals['_SEARCHREQUEST']._serialized_start=64
-  _globals['_SEARCHREQUEST']._serialized_end=171
-  _globals['_SEARCHRESPONSE']._serialized_start=174
-  _globals['_SEARCHRESPONSE']._serialized_end=379
-  _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_start=331
-  _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_end=379
-  _globals['_SCOREREQUEST']._serialized_start=381
-  _globals['_SCOREREQUEST']._serialized_end=460
-  _globals['_SCORERESPONSE']._serialized_start=463
-  _globals['_SCORERESPONSE']._serialized_end=639
-  _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_start=331
-  _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_end=379
-  _globals['_EXPANDREQUEST']._serialized_start=641
-  _globals['_EXPANDREQUEST']._serialized_end=713
-  _globals['_EXPANDRESPONSE']._serialized_start=715
-  _globals['_EXPANDRESPONSE']._serialized_end=782
-  _globals['_GENERATEREQUEST']._serialized_start=784
-  _globals['_GENERATEREQUEST']._serialized_end=875
-  _globals['_GENERATERESPONSE']._serialized_start=878
-  _globals['_GENERATERESPONSE']._serialized_end=1106
-  _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_start=331
-  _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_end=379
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1108
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1205
-  _globals['_RETRIEVERSERVICE']._serialized_start=1207
-  _globals['_RETRIEVERSERVICE']._serialized_end=1290
-  _globals['_CREDIBILITYSERVICE']._serialized_start=1292
-  _globals['_CREDIBILITYSERVICE']._serialized_end=1374
-  _globals['_GRAPHSERVICE']._serialized_start=1376
-  _globals['_GRAPHSERVICE']._serialized_end=1455
-  _globals['_GENERATORSERVICE']._serialized_start=1458
-  _globals['_GENERATORSERVICE']._serialized_end=1632
+  _globals['_COLLECTIONGRANT']._serialized_start=90
+  _globals['_COLLECTIONGRANT']._serialized_end=141
+  _globals['_INDEXINGESTREQUEST']._serialized_start=143
+  _globals['_INDEXINGESTREQUEST']._serialized_end=251
+  _globals['_INDEXDELETEREQUEST']._serialized_start=253
+  _globals['_INDEXDELETEREQUEST']._serialized_end=369
+  _globals['_DESCRIBEREQUEST']._serialized_start=371
+  _globals['_DESCRIBEREQUEST']._serialized_end=405
+  _globals['_COLLECTIONSIZE']._serialized_start=407
+  _globals['_COLLECTIONSIZE']._serialized_end=458
+  _globals['_DESCRIBERESPONSE']._serialized_start=461
+  _globals['_DESCRIBERESPONSE']._serialized_end=1030
+  _globals['_DESCRIBERESPONSE_COLLECTIONSENTRY']._serialized_start=801
+  _globals['_DESCRIBERESPONSE_COLLECTIONSENTRY']._serialized_end=879
+  _globals['_DESCRIBERESPONSE_DOCCOLLECTIONSENTRY']._serialized_start=881
+  _globals['_DESCRIBERESPONSE_DOCCOLLECTIONSENTRY']._serialized_end=934
+  _globals['_DESCRIBERESPONSE_MODELSENTRY']._serialized_start=936
+  _globals['_DESCRIBERESPONSE_MODELSENTRY']._serialized_end=981
+  _globals['_DESCRIBERESPONSE_COUNTERSENTRY']._serialized_start=983
+  _globals['_DESCRIBERESPONSE_COUNTERSENTRY']._serialized_end=1030
+  _globals['_SEARCHREQUEST']._serialized_start=1032
+  _globals['_SEARCHREQUEST']._serialized_end=1139
+  _globals['_SEARCHRESPONSE']._serialized_start=1142
+  _globals['_SEARCHRESPONSE']._serialized_end=1347
+  _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_start=1299
+  _globals['_SEARCHRESPONSE_TIMINGSMSENTRY']._serialized_end=1347
+  _globals['_SCOREREQUEST']._serialized_start=1349
+  _globals['_SCOREREQUEST']._serialized_end=1428
+  _globals['_SCORERESPONSE']._serialized_start=1431
+  _globals['_SCORERESPONSE']._serialized_end=1607
+  _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_start=1299
+  _globals['_SCORERESPONSE_TIMINGSMSENTRY']._serialized_end=1347
+  _globals['_EXPANDREQUEST']._serialized_start=1610
+  _globals['_EXPANDREQUEST']._serialized_end=1742
+  _globals['_EXPANDRESPONSE']._serialized_start=1745
+  _globals['_EXPANDRESPONSE']._serialized_end=1925
+  _globals['_EXPANDRESPONSE_TIMINGSMSENTRY']._serialized_start=1299
+  _globals['_EXPANDRESPONSE_TIMINGSMSENTRY']._serialized_end=1347
+  _globals['_GENERATEREQUEST']._serialized_start=1927
+  _globals['_GENERATEREQUEST']._serialized_end=2018
+  _globals['_GENERATERESPONSE']._serialized_start=2021
+  _globals['_GENERATERESPONSE']._serialized_end=2249
+  _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_start=1299
+  _globals['_GENERATERESPONSE_TIMINGSMSENTRY']._serialized_end=1347
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=2251
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=2348
+  _globals['_RETRIEVERSERVICE']._serialized_start=2350
+  _globals['_RETRIEVERSERVICE']._serialized_end=2433
+  _globals['_INDEXSERVICE']._serialized_start=2436
+  _globals['_INDEXSERVICE']._serialized_end=2677
+  _globals['_CREDIBILITYSERVICE']._serialized_start=2679
+  _globals['_CREDIBILITYSERVICE']._serialized_end=2761
+  _globals['_GRAPHSERVICE']._serialized_start=2763
+  _globals['_GRAPHSERVICE']._serialized_end=2842
+  _globals['_GENERATORSERVICE']._serialized_start=2845
+  _globals['_GENERATORSERVICE']._serialized_end=3019
 # @@protoc_insertion_point(module_scope)

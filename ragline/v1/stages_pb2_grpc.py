@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from ragline.v1 import ragline_pb2 as ragline_dot_v1_dot_ragline__pb2
 from ragline.v1 import stages_pb2 as ragline_dot_v1_dot_stages__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -26,8 +27,9 @@ if _version_not_supported:
 
 
 class RetrieverServiceStub:
-    """Internal services, one per stage. `ragline serve` hosts them all in one process; a
-    multi-machine deployment runs each as its own Deployment behind these same contracts.
+    """Internal services, one per stage. `ragline serve` (role `all`) hosts them all in one
+    process; `ragline serve --role ROLE` hosts one stage, and the gateway role chains them, so a
+    deployment runs each as its own Deployment behind these same contracts.
 
     """
 
@@ -45,13 +47,15 @@ class RetrieverServiceStub:
 
 
 class RetrieverServiceServicer:
-    """Internal services, one per stage. `ragline serve` hosts them all in one process; a
-    multi-machine deployment runs each as its own Deployment behind these same contracts.
+    """Internal services, one per stage. `ragline serve` (role `all`) hosts them all in one
+    process; `ragline serve --role ROLE` hosts one stage, and the gateway role chains them, so a
+    deployment runs each as its own Deployment behind these same contracts.
 
     """
 
     def Search(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The ranking alone (the graph path is GraphService's): cache, encoders, index.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -73,8 +77,9 @@ def add_RetrieverServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RetrieverService:
-    """Internal services, one per stage. `ragline serve` hosts them all in one process; a
-    multi-machine deployment runs each as its own Deployment behind these same contracts.
+    """Internal services, one per stage. `ragline serve` (role `all`) hosts them all in one
+    process; `ragline serve --role ROLE` hosts one stage, and the gateway role chains them, so a
+    deployment runs each as its own Deployment behind these same contracts.
 
     """
 
@@ -95,6 +100,167 @@ class RetrieverService:
             '/ragline.v1.RetrieverService/Search',
             ragline_dot_v1_dot_stages__pb2.SearchRequest.SerializeToString,
             ragline_dot_v1_dot_stages__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class IndexServiceStub:
+    """The index the retriever role serves: it writes it (ingest, delete) and describes it.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Ingest = channel.unary_unary(
+                '/ragline.v1.IndexService/Ingest',
+                request_serializer=ragline_dot_v1_dot_stages__pb2.IndexIngestRequest.SerializeToString,
+                response_deserializer=ragline_dot_v1_dot_ragline__pb2.IngestResponse.FromString,
+                _registered_method=True)
+        self.DeleteDocument = channel.unary_unary(
+                '/ragline.v1.IndexService/DeleteDocument',
+                request_serializer=ragline_dot_v1_dot_stages__pb2.IndexDeleteRequest.SerializeToString,
+                response_deserializer=ragline_dot_v1_dot_ragline__pb2.DeleteDocumentResponse.FromString,
+                _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/ragline.v1.IndexService/Describe',
+                request_serializer=ragline_dot_v1_dot_stages__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=ragline_dot_v1_dot_stages__pb2.DescribeResponse.FromString,
+                _registered_method=True)
+
+
+class IndexServiceServicer:
+    """The index the retriever role serves: it writes it (ingest, delete) and describes it.
+    """
+
+    def Ingest(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteDocument(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Describe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_IndexServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Ingest': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ingest,
+                    request_deserializer=ragline_dot_v1_dot_stages__pb2.IndexIngestRequest.FromString,
+                    response_serializer=ragline_dot_v1_dot_ragline__pb2.IngestResponse.SerializeToString,
+            ),
+            'DeleteDocument': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteDocument,
+                    request_deserializer=ragline_dot_v1_dot_stages__pb2.IndexDeleteRequest.FromString,
+                    response_serializer=ragline_dot_v1_dot_ragline__pb2.DeleteDocumentResponse.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=ragline_dot_v1_dot_stages__pb2.DescribeRequest.FromString,
+                    response_serializer=ragline_dot_v1_dot_stages__pb2.DescribeResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'ragline.v1.IndexService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('ragline.v1.IndexService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class IndexService:
+    """The index the retriever role serves: it writes it (ingest, delete) and describes it.
+    """
+
+    @staticmethod
+    def Ingest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragline.v1.IndexService/Ingest',
+            ragline_dot_v1_dot_stages__pb2.IndexIngestRequest.SerializeToString,
+            ragline_dot_v1_dot_ragline__pb2.IngestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteDocument(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragline.v1.IndexService/DeleteDocument',
+            ragline_dot_v1_dot_stages__pb2.IndexDeleteRequest.SerializeToString,
+            ragline_dot_v1_dot_ragline__pb2.DeleteDocumentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragline.v1.IndexService/Describe',
+            ragline_dot_v1_dot_stages__pb2.DescribeRequest.SerializeToString,
+            ragline_dot_v1_dot_stages__pb2.DescribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

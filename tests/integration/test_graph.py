@@ -13,7 +13,9 @@ import pytest_asyncio
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from services import cli
-from services.server import RunningServer, build_gateway, start_server
+from services.build import build_gateway
+from services.graph_stage import LocalGraph
+from services.server import RunningServer, start_server
 from services.settings import Settings
 from tests.conftest import make_indexer, make_settings, write_pdf
 
@@ -103,21 +105,22 @@ async def test_the_expand_stage_service_fuses_what_it_is_sent(graph_server: Serv
 async def test_the_graph_follows_deletes_and_reloads_from_disk(graph_server: Served) -> None:
     running, settings = graph_server
     gateway = running.gateway
-    assert gateway.graph is not None
-    postings = gateway.graph.index.tables.postings
-    runner_chunks = {c.chunk_id for c in gateway.store.documents()["runner"][1]}
+    graph = gateway.graph
+    assert isinstance(graph, LocalGraph)
+    postings = graph.path.index.tables.postings
+    runner_chunks = {c.chunk_id for c in gateway.local_index.store.documents()["runner"][1]}
     assert runner_chunks & set(postings["tarn.exec"])
     async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
         stub = ragline_pb2_grpc.RaglineStub(channel)
         await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="runner"))
-    after = gateway.graph.index.tables.postings
+    after = graph.path.index.tables.postings
     assert not runner_chunks & {c for chunks in after.values() for c in chunks}
     # a second process over the same folders reads the persisted graph: nothing to parse
-    reloaded = build_gateway(settings, gateway.indexer)
-    assert reloaded.graph is not None
-    report = reloaded.sync_graph()
-    assert report is not None and (report.added, report.units_parsed) == (0, 0)
-    assert reloaded.graph.index.tables.postings == after
+    reloaded = build_gateway(settings, gateway.local_index.indexer)
+    assert isinstance(reloaded.graph, LocalGraph)
+    report = reloaded.graph.sync()
+    assert (report.added, report.units_parsed) == (0, 0)
+    assert reloaded.graph.path.index.tables.postings == after
 
 
 async def test_the_cli_shows_graph_hits_and_can_turn_the_path_off(

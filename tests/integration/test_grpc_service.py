@@ -11,10 +11,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
+from generator.core import AnswerGenerator
 from generator.transformers_backend import TransformersBackend
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import SpladeEncoder
-from services.server import RunningServer, build_gateway, start_server
+from services.build import build_gateway
+from services.server import RunningServer, start_server
 from tests.conftest import make_indexer, make_settings, write_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -150,12 +152,12 @@ async def test_ingest_reports_bad_files_and_lands_the_rest(channel, tmp_path) ->
     assert removed.chunks_removed == 1
     stats = await stub.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)
     assert stats.documents == 2 and stats.models["splade"] == "packaged:splade-tiny"
-    assert (
-        stats.counters[
-            'grpc_server_handled_total{grpc_code="OK",grpc_method="/ragline.v1.Ragline/Ingest"}'
-        ]
-        >= 1
+    ingested = (
+        'grpc_server_handled_total{grpc_code="OK",grpc_method="Ingest",'
+        'grpc_service="ragline.v1.Ragline",grpc_type="unary"}'
     )
+    assert stats.counters[ingested] >= 1
+    assert stats.counters["ragline_ingested_pages_total"] >= 1
 
 
 async def test_off_topic_question_is_insufficient_without_the_model(channel) -> None:  # type: ignore[no-untyped-def]
@@ -246,7 +248,9 @@ async def test_a_retrieval_only_server_leaves_the_generator_to_its_first_answer(
         await gateway.ingest([str(manual_dir)], [])
         result = await gateway.retrieve("How many connections does the frobnicator accept?")
         assert result.hits and result.hits[0].chunk.doc_id == "frob-manual"
-        backend = gateway.generator.backend
+        generator = gateway.generator
+        assert isinstance(generator, AnswerGenerator)
+        backend = generator.backend
         assert isinstance(backend, TransformersBackend) and backend._model is None
     finally:
         await running.stop(0)

@@ -15,7 +15,7 @@ import pytest
 from ingest.batch import run_batch
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc
 from retriever.encoders import DenseEncoder, SpladeEncoder
-from retriever.search import SearchOptions
+from retriever.search import Retriever, SearchOptions
 from services.server import RunningServer
 from tests.conftest import MANUAL_PAGES, make_indexer, retriever_for, write_pdf
 
@@ -174,6 +174,7 @@ async def test_cache_key_separates_modes_and_filters(stub) -> None:  # type: ign
 
 async def test_concurrent_misses_compute_once(server: RunningServer) -> None:
     retriever = server.gateway.retriever
+    assert isinstance(retriever, Retriever)
     before = retriever.singleflight_joins
     query = f"What does release 2.0 remove? {uuid.uuid4().hex[:8]}"  # never cached before
     results = await asyncio.gather(
@@ -244,7 +245,7 @@ async def test_seismic_backend_serves_the_same_top_hit(
 
 
 async def test_inference_free_query_mode_uses_idf_weights(server: RunningServer) -> None:
-    index = server.gateway.indexer
+    index = server.gateway.local_index.indexer
     retriever = retriever_for(index, query_encoder="idf")
     view = index.store.view
     vector = retriever.encode_sparse(view, "FROB_HOME site configuration")

@@ -5,6 +5,7 @@ bound through the gRPC GeneratorService as RESOURCE_EXHAUSTED with RetryInfo."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -15,13 +16,17 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from generator.assemble import QWEN_CODER_1_5B, is_assembled
+from generator.buckets import LengthBuckets
+from generator.core import AnswerGenerator
 from generator.llamacpp_backend import GenerationRecord, LlamaCppBackend
 from generator.models import PACKAGED_QWEN_CODER_1_5B, PACKAGED_SMOLLM2
 from generator.prompt import SYSTEM_PROMPT
+from generator.routing import estimate_tokens
 from ragline.errors import ResourceExhausted
 from ragline.v1 import common_pb2, stages_pb2, stages_pb2_grpc
 from retriever.encoders import SpladeEncoder
-from services.server import build_gateway, start_server
+from services.build import build_gateway
+from services.server import start_server
 from tests.conftest import make_indexer, make_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -134,7 +139,9 @@ async def test_grpc_callers_get_resource_exhausted_with_retry_info(
     settings.generator.llamacpp_max_queue = 0  # nobody waits: busy means refused
     gateway = build_gateway(settings, make_indexer(settings.retriever.index_dir, encoder))
     running = await start_server(settings, gateway)
-    llama = gateway.generator.backend
+    generator = gateway.generator
+    assert isinstance(generator, AnswerGenerator)
+    llama = generator.backend
     assert isinstance(llama, LlamaCppBackend)
     passage = common_pb2.Hit(
         chunk=common_pb2.Chunk(
@@ -190,3 +197,37 @@ async def test_qwen_1_5b_answers_a_toy_question_from_its_passage() -> None:
         assert "7" in answer and "[1]" in answer
     finally:
         qwen.close()
+
+
+async def test_length_buckets_keep_short_prompts_out_of_the_long_prompts_queue() -> None:
+    # Two slots on one engine, one lane each: long prompts (the story) one at a time, short
+    # ones (the RAG question) never behind them.
+    llama = LlamaCppBackend(PACKAGED_SMOLLM2, threads=2, parallel=2, max_queue=4, batch_tokens=64)
+    await asyncio.to_thread(llama.warm_up)
+    bound = estimate_tokens(STORY) + 1
+    buckets = LengthBuckets(llama, [(bound, 1), (math.inf, 1)], max_waiting=2)
+    assert buckets.pick(STORY) == 0 and buckets.pick(rag_messages("How many connections?")) == 1
+    seen: dict[str, tuple[int, int]] = {}
+
+    async def consume(messages: list[dict[str, str]], tokens: int, name: str) -> str:
+        parts: list[str] = []
+        async for delta in buckets.stream(messages, tokens):
+            if not parts:  # the state of the lanes when this request's first token came
+                seen[name] = (buckets.lanes[0].running, buckets.lanes[0].waiting)
+            parts.append(delta)
+        return "".join(parts)
+
+    try:
+        longs = [asyncio.create_task(consume(STORY, 96, f"long{i}")) for i in range(3)]
+        await until(lambda: buckets.lanes[0].waiting == 2)  # one generating, two queued
+        assert buckets.queue_depth() == 2
+        with pytest.raises(ResourceExhausted):  # the long lane's queue is full: refused
+            await consume(STORY, 8, "long-refused")
+        short = await consume(rag_messages("How many concurrent connections?"), 16, "short")
+        assert short.strip()
+        # the short prompt was served while a long one held the long lane's slot
+        assert seen["short"][0] == 1
+        assert all(text.strip() for text in await asyncio.gather(*longs))
+        assert buckets.counts == [3, 1] and buckets.queue_depth() == 0
+    finally:
+        llama.close()

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from generator.core import AnswerGenerator
 from retriever.encoders import DenseEncoder, SpladeEncoder
+from services.build import build_gateway
 from services.gateway import Gateway
-from services.server import build_gateway
 from services.settings import Settings
 from tests.conftest import make_indexer
 
@@ -28,15 +29,19 @@ def gateway(  # type: ignore[no-untyped-def]
     index = make_indexer(tmp_path_factory.mktemp("rindex"), encoder, dense_encoder=dense_encoder)
     index.load()
     gw = build_gateway(settings, index)
-    gw.generator.warm_up()
+    generator = gw.generator
+    assert isinstance(generator, AnswerGenerator)
+    generator.warm_up()
     yield gw
-    close = getattr(gw.generator.backend, "close", None)
+    close = getattr(generator.backend, "close", None)
     if close is not None:  # the vLLM engine's processes, while pytest's streams are open
         close()
 
 
 async def test_r_data_fixed_width_question(gateway: Gateway, r_manuals: Path) -> None:
-    report = await gateway.ingest([str(r_manuals / "R-data.pdf"), str(r_manuals / "R-FAQ.pdf")], [])
+    report, _ = await gateway.ingest(
+        [str(r_manuals / "R-data.pdf"), str(r_manuals / "R-FAQ.pdf")], []
+    )
     assert report.count("failed") == 0 and report.pages == 41 + 52
     question = "How do you read a fixed-width format file in R?"
     retrieved = await gateway.retrieve(question, 10)

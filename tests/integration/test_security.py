@@ -20,8 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from services.auth import bearer_metadata, new_token
+from services.build import build_gateway
 from services.client import open_channel
-from services.server import RunningServer, build_gateway, start_server
+from services.server import RunningServer, start_server
 from services.settings import Settings
 from tests.certs import make_certs
 from tests.conftest import ROOT, make_indexer, make_settings, serve_beside, stop_beside, write_pdf
@@ -189,7 +190,7 @@ async def test_a_token_sees_only_its_collections_and_learns_nothing_of_others(  
         )
         assert taken.results[0].status == ragline_pb2.IngestFileResult.FAILED
         assert "team-b" not in taken.results[0].reason
-        assert secured.gateway.collection_of("cryo") == "team-b"
+        assert secured.gateway.local_index.collection_of("cryo") == "team-b"
 
 
 async def test_delete_scoped_to_a_collection(secured, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -432,7 +433,7 @@ async def test_a_running_server_sees_what_the_cli_ingested(  # type: ignore[no-u
         await asyncio.to_thread(writer.load)
         await asyncio.to_thread(run_batch, [str(pdf)], writer, progress=False)
         for _ in range(100):
-            if running.gateway.store.view.generation == writer.view.generation:
+            if running.gateway.local_index.store.view.generation == writer.view.generation:
                 break
             await asyncio.sleep(0.1)
         found = await running.gateway.retrieve("brass orrery planets", 1)
@@ -568,7 +569,7 @@ async def test_limits_hold_on_the_internal_port_and_for_limited_tokens(  # type:
         everything = await stub.GetStats(
             ragline_pb2.GetStatsRequest(), timeout=30, metadata=bearer_metadata(tokens["admin"])
         )
-        assert mine.documents == secured.gateway.counts(frozenset({"team-a"}))[0]
+        assert mine.documents == secured.gateway.local_index.collection_counts()["team-a"][0]
         assert mine.documents < everything.documents
         assert not mine.counters and everything.counters
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from generator.buckets import parse_buckets
 from generator.models import PACKAGED_SMOLLM2, choose_backend, resolve_vllm_model
 from generator.openai_backend import OpenAIBackend
 from ragline.errors import FailedPrecondition, Unavailable
@@ -143,7 +145,7 @@ async def test_length_router_sends_each_prompt_to_its_bucket() -> None:
 
 def test_routes_setting_builds_the_router() -> None:
     from generator.routing import LengthRouter
-    from services.server import build_text_backend
+    from services.build import build_text_backend
     from services.settings import Settings
 
     settings = Settings()
@@ -155,3 +157,17 @@ def test_routes_setting_builds_the_router() -> None:
         "http://127.0.0.1:1/v1",
         "http://127.0.0.1:2/v1",
     ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("512:3,inf:1", [(512.0, 3), (math.inf, 1)]), (" inf:2 ", [(math.inf, 2)])],
+)
+def test_length_buckets_parse(spec: str, expected: list[tuple[float, int]]) -> None:
+    assert parse_buckets(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "512:3", "512:0,inf:1", "inf:1,512:2", "a:1,inf:1", "512"])
+def test_length_buckets_refuse_bad_specs(spec: str) -> None:
+    with pytest.raises(FailedPrecondition):
+        parse_buckets(spec)

@@ -31,7 +31,7 @@ from generator.models import (
     resolve_gguf,
 )
 from ragline.errors import DataLoss, FailedPrecondition, InvalidArgument, ResourceExhausted
-from services.server import build_text_backend
+from services.build import build_text_backend
 from services.settings import Settings
 
 pytestmark = pytest.mark.unit

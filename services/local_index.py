@@ -1,0 +1,324 @@
+"""The index stage in this process: ingest and delete through one writers' lock, a description
+for scoping and stats, and a reload of generations another process committed.
+
+The retriever role serves it as ``IndexService``; role ``all`` calls it directly. What must
+follow every change of the index (the graph's sync) subscribes with :meth:`LocalIndex.on_change`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ingest.batch import FileResult, IngestReport, duplicate_uploads, ingest_one, run_batch
+from ingest.chunker import ChunkerConfig
+from ingest.pdf import PdfLimits, doc_id_for
+from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
+from retriever.backend import IndexBackend
+from retriever.indexer import Indexer
+from services.paths import PathPolicy
+from services.stages import IndexInfo
+
+logger = logging.getLogger(__name__)
+
+_COLLECTION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+MAX_NAME_CHARS = 255
+"""Longest upload name (and document id): ids are written into every chunk of the snapshot."""
+MAX_UPLOADS = 1000
+"""Most documents one Ingest request may upload."""
+
+
+def check_uploads(documents: Sequence[tuple[str, bytes]]) -> None:
+    """Bound what an Ingest request uploads: how many, and names that are short, printable
+    file names (a name becomes the document id, the report's text and a log field)."""
+    if len(documents) > MAX_UPLOADS:
+        raise InvalidArgument.for_field("documents", f"at most {MAX_UPLOADS} per request")
+    for index, (name, _) in enumerate(documents):
+        if not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable() or "/" in name:
+            raise InvalidArgument.for_field(
+                f"documents[{index}].name",
+                f"must be a file name of 1-{MAX_NAME_CHARS} printable characters, no '/'",
+            )
+
+
+def check_collection(name: str) -> str:
+    """A collection name ("" = ``default``): 1-64 letters, digits, ``_``, ``.`` or ``-``."""
+    name = name or "default"
+    if not _COLLECTION.fullmatch(name):
+        raise InvalidArgument.for_field(
+            "collection", "must be 1-64 letters, digits, '_', '.' or '-'"
+        )
+    return name
+
+
+def check_doc_id(doc_id: str) -> None:
+    if not doc_id.strip() or len(doc_id) > MAX_NAME_CHARS:
+        raise InvalidArgument.for_field("doc_id", f"must be 1-{MAX_NAME_CHARS} characters")
+
+
+def _taken(source: str) -> FileResult:
+    """The result for a file whose document id belongs to a collection the caller may not
+    change: which collection is not said (it is not the caller's to know)."""
+    doc_id = doc_id_for(source)
+    reason = f"document id {doc_id!r} is taken by a document you cannot change: rename the file"
+    return FileResult(source, doc_id, "failed", reason=reason)
+
+
+class LocalIndex:
+    """Args:
+    indexer: encodes and writes documents (the batch jobs' sink) into its backend.
+    chunker / pdf_limits: how PDFs become chunks, and which are refused.
+    workers / worker_memory_mib: parser processes for server-side paths (0: this process).
+    path_policy: the server-side paths a client may name (none by default).
+    writer: False for a process that only reads the index another process writes (the graph
+        role): it loads snapshots and never encodes or commits.
+    """
+
+    def __init__(
+        self,
+        indexer: Indexer[IndexBackend],
+        chunker: ChunkerConfig | None = None,
+        pdf_limits: PdfLimits | None = None,
+        workers: int = 1,
+        worker_memory_mib: int = 4096,
+        path_policy: PathPolicy | None = None,
+        writer: bool = True,
+    ) -> None:
+        self.indexer = indexer
+        self.writer = writer
+        self.store = indexer.store
+        self.chunker = chunker
+        self.pdf_limits = pdf_limits
+        self.workers = workers
+        self.worker_memory_mib = worker_memory_mib
+        self.path_policy = path_policy or PathPolicy()
+        self._lock = asyncio.Lock()
+        self._listeners: list[Callable[[], object]] = []
+        self._known: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
+
+    def on_change(self, listener: Callable[[], object]) -> None:
+        """Call ``listener`` (blocking; from a worker thread) after every change of the
+        index, and once after :meth:`warm_up`."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def warm_up(self) -> None:
+        """Load the encoders and the index (a writer also backfills dense vectors an index
+        without them lacks)."""
+        if not self.writer:
+            self.store.load()
+            self._changed()
+            return
+        self.indexer.sparse.warm_up()
+        if self.indexer.dense is not None:
+            self.indexer.dense.warm_up()
+        self.indexer.load()
+        self._changed()
+
+    # -- description -------------------------------------------------------------------
+    def collection_of(self, doc_id: str) -> str | None:
+        return self.store.collection_of(doc_id)
+
+    def collection_counts(self) -> dict[str, tuple[int, int]]:
+        """Collections that hold documents → (documents, chunks), once per generation."""
+        view = self.store.view
+        if self._known[0] != view.generation:
+            self._known = (view.generation, dict(view.collection_counts()))
+        return self._known[1]
+
+    def models(self) -> dict[str, str]:
+        indexer = self.indexer
+        return {
+            "splade": indexer.sparse.model_id,
+            "dense": indexer.dense.model_id if indexer.dense else "",
+            "index_backend": self.store.name,
+            "sparse_backend": getattr(self.store, "sparse_backend", self.store.name),
+        }
+
+    def info(self, doc_ids: Sequence[str] = ()) -> IndexInfo:
+        view = self.store.view
+        located = {d: self.store.collection_of(d) for d in doc_ids}
+        return IndexInfo(
+            generation=view.generation,
+            chunks=view.count(),
+            collections=self.collection_counts(),
+            doc_collections={d: c for d, c in located.items() if c is not None},
+            models=self.models(),
+            counters=self.store.stats(),
+            dense=self.store.dense_enabled,
+        )
+
+    async def describe(self, doc_ids: Sequence[str] = ()) -> IndexInfo:
+        return self.info(doc_ids)
+
+    # -- writes --------------------------------------------------------------------------
+    async def ingest(
+        self,
+        paths: Sequence[str],
+        documents: Sequence[tuple[str, bytes]],
+        collection: str = "default",
+        replace_other_paths: bool = False,
+        allowed: frozenset[str] | None = None,
+    ) -> tuple[IngestReport, IndexInfo]:
+        """Ingest server-side paths (only under the configured roots) and uploaded documents
+        into a collection; a bad one is reported, not fatal. ``replace_other_paths``: see
+        :func:`ingest.batch.run_batch`; it applies to uploads as well. ``allowed``: the
+        collections the caller may change (None: all); a file whose document id belongs to
+        another collection is FAILED, whatever ``replace_other_paths`` says."""
+        if not paths and not documents:
+            raise InvalidArgument.for_field("paths", "give at least one path or document")
+        self._check_writer()
+        collection = check_collection(collection)
+        check_uploads(documents)
+        files = await asyncio.to_thread(self.path_policy.files, paths)  # walks folders
+        if paths and not files:
+            raise InvalidArgument.for_field("paths", "no PDF files under the paths given")
+        started = time.perf_counter()
+        # Shielded: a caller that goes away (cancel, deadline) must not release the lock while
+        # the worker thread still writes; the next write waits for this one to end.
+        report = await asyncio.shield(
+            asyncio.ensure_future(
+                self._ingest_locked(files, documents, collection, replace_other_paths, allowed)
+            )
+        )
+        report.seconds = time.perf_counter() - started
+        return report, self.info()
+
+    async def ingest_files(
+        self, files: Sequence[str | Path], progress: bool = False
+    ) -> IngestReport:
+        """The operator's batch (the CLI, the eval harness): any readable path, with a
+        progress bar when asked."""
+        async with self._lock:
+            report = await asyncio.to_thread(
+                run_batch,
+                [str(f) for f in files],
+                self.indexer,
+                self.chunker,
+                self.pdf_limits,
+                progress,
+                workers=self.workers,
+                memory_limit_mb=self.worker_memory_mib,
+            )
+            await asyncio.to_thread(self._changed)
+        return report
+
+    async def _ingest_locked(
+        self,
+        files: list[Path],
+        documents: Sequence[tuple[str, bytes]],
+        collection: str,
+        replace_other_paths: bool,
+        allowed: frozenset[str] | None,
+    ) -> IngestReport:
+        async with self._lock:
+            report = IngestReport()
+            foreign = [f for f in files if self._foreign(f.name, allowed)]
+            files = [f for f in files if f not in foreign]
+            if files:  # the batch job itself: size limit, duplicate ids, same-name guard
+                report = await asyncio.to_thread(
+                    run_batch,
+                    [str(f) for f in files],
+                    self.indexer,
+                    self.chunker,
+                    self.pdf_limits,
+                    progress=False,
+                    collection=collection,
+                    workers=self.workers,
+                    memory_limit_mb=self.worker_memory_mib,
+                    replace_other_paths=replace_other_paths,
+                )
+            report.results[:0] = [_taken(str(f)) for f in foreign]
+            report.results += await self._ingest_uploads(
+                documents, collection, replace_other_paths, report.results, allowed
+            )
+            await asyncio.to_thread(self._changed)
+        return report
+
+    async def _ingest_uploads(
+        self,
+        documents: Sequence[tuple[str, bytes]],
+        collection: str,
+        replace: bool,
+        earlier: Sequence[FileResult],
+        allowed: frozenset[str] | None,
+    ) -> list[FileResult]:
+        """Uploads through the same-name guard as paths: a name taken earlier in this request,
+        or by a document from another source, is FAILED (the latter unless ``replace``)."""
+        refused = duplicate_uploads([name for name, _ in documents], earlier)
+        for index, (name, _) in enumerate(documents):
+            if index not in refused and self._foreign(name, allowed):
+                refused[index] = _taken(name)
+        results = []
+        for index, (name, data) in enumerate(documents):
+            if index in refused:
+                results.append(refused[index])
+                continue
+            result = await asyncio.to_thread(
+                ingest_one,
+                data,
+                name,
+                self.indexer,
+                self.chunker,
+                self.pdf_limits,
+                collection,
+                replace,
+            )
+            results.append(result)
+        return results
+
+    def _check_writer(self) -> None:
+        if not self.writer:
+            raise FailedPrecondition("this process reads the index; the retriever role writes it")
+
+    def _foreign(self, name: str, allowed: frozenset[str] | None) -> bool:
+        """Whether a file of this name would replace a document the caller may not change."""
+        if allowed is None:
+            return False
+        try:
+            held_by = self.store.collection_of(doc_id_for(name))
+        except InvalidArgument:  # no usable id: the batch job reports it
+            return False
+        return held_by is not None and held_by not in allowed
+
+    async def delete(
+        self, doc_id: str, collection: str = "", allowed: frozenset[str] | None = None
+    ) -> tuple[int, int]:
+        """Remove a document; with ``collection`` set, only from that collection, and only
+        from the ``allowed`` collections (None: any). A document elsewhere is NOT_FOUND, as an
+        unknown one. Checked under the writers' lock, so an ingest moving the document cannot
+        slip in between; shielded like :meth:`ingest`."""
+        check_doc_id(doc_id)
+        self._check_writer()
+
+        async def locked() -> tuple[int, int]:
+            async with self._lock:
+                held_by = self.store.collection_of(doc_id)
+                if (collection and held_by != collection) or (
+                    allowed is not None and held_by not in allowed
+                ):
+                    raise NotFound(f"no document with id {doc_id!r}")
+                removed = await asyncio.to_thread(self.store.delete, doc_id)
+                await asyncio.to_thread(self._changed)
+                return removed, self.store.view.generation
+
+        return await asyncio.shield(asyncio.ensure_future(locked()))
+
+    async def refresh(self) -> bool:
+        """Load a newer generation another process (``ragline ingest``) committed to the
+        index folder; True when one was loaded. Writers never wait on it."""
+        if self._lock.locked():
+            return False
+        async with self._lock:
+            loaded = await asyncio.to_thread(self.store.refresh)
+            if loaded:
+                await asyncio.to_thread(self._changed)
+            return loaded

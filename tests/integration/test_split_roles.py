@@ -1,0 +1,248 @@
+"""The microservices chain for real: every stage its own ``ragline serve --role`` process on
+localhost (real Redis, real models, a real PDF index), the gateway chaining them over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from ingest.batch import run_batch
+from ingest.chunker import ChunkerConfig
+from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from retriever.encoders import DenseEncoder, SpladeEncoder
+from services.cluster import ROLES, LocalCluster
+from tests.conftest import MANUAL_PAGES, make_indexer, write_pdf
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+QUESTION = "Which environment variable gives the location of the site configuration file?"
+
+
+def spans(cluster: LocalCluster, role: str) -> list[dict]:
+    """The spans a role's process has written (JSON lines; tracing to a file)."""
+    path = cluster.logs / f"{role}.spans"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def split_index(
+    tmp_path_factory: pytest.TempPathFactory, encoder: SpladeEncoder, dense_encoder: DenseEncoder
+) -> Iterator[Path]:
+    """A real index on disk (this test's own manual), which the roles load."""
+    root = tmp_path_factory.mktemp("split")
+    pdfs = root / "pdfs"
+    write_pdf(pdfs / "frob-manual.pdf", MANUAL_PAGES)
+    indexer = make_indexer(root / "index", encoder, dense_encoder)
+    indexer.load()
+    chunker = ChunkerConfig(target_words=40, overlap_words=5)
+    report = run_batch([str(pdfs)], indexer, chunker, progress=False, workers=0)
+    assert report.count("ingested") == 1
+    yield root
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def cluster(split_index: Path, redis_url: str) -> AsyncIterator[LocalCluster]:
+    env = {
+        "RAGLINE_RETRIEVER_INDEX_DIR": str(split_index / "index"),
+        "RAGLINE_CACHE_REDIS_URL": redis_url,
+        "RAGLINE_CACHE_KEY_PREFIX": f"ragline-split:{uuid.uuid4().hex}:",
+        "RAGLINE_CACHE_TIMEOUT_S": "1.0",
+        "RAGLINE_CREDIBILITY_BACKEND": "score_floor",
+        "RAGLINE_CREDIBILITY_TIMEOUT_S": "2.0",
+        "RAGLINE_GRAPH_THRESHOLD": "2",  # a tiny corpus: a few relations make an entity dense
+        "RAGLINE_GRAPH_MAX_DF": "1.0",
+        # llama.cpp starts SmolLM2 in about a second (transformers: ~15 s); the answer's
+        # wording is not what this test is about, the hops are
+        "RAGLINE_GENERATOR_BACKEND": "llamacpp",
+        "RAGLINE_GENERATOR_MODEL": "packaged:smollm2-135m-instruct",
+        "RAGLINE_GENERATOR_LLAMACPP_THREADS": "1",
+        "RAGLINE_SERVER_THREADS": "1",
+        "RAGLINE_SERVER_RELOAD_INTERVAL_S": "0.5",
+        "RAGLINE_INGEST_WORKERS": "0",
+        "RAGLINE_INGEST_TARGET_TOKENS": "0",
+        "RAGLINE_INGEST_TARGET_WORDS": "40",
+        "RAGLINE_INGEST_OVERLAP_WORDS": "5",
+        "RAGLINE_TRACING_EXPORTER": "file",
+    }
+    logs = split_index / "logs"
+    extra = {role: {"RAGLINE_TRACING_FILE": str(logs / f"{role}.spans")} for role in ROLES}
+    cluster = LocalCluster(env, logs, extra=extra)
+    await cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+async def _answer(stub: ragline_pb2_grpc.RaglineStub, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    return await stub.Answer(ragline_pb2.AnswerRequest(query=QUESTION), timeout=timeout)
+
+
+async def test_answers_flow_through_every_stage_process(cluster: LocalCluster) -> None:
+    async with grpc.aio.insecure_channel(cluster["gateway"].address) as channel:
+        stub = ragline_pb2_grpc.RaglineStub(channel)
+        retrieved = await stub.Retrieve(
+            ragline_pb2.RetrieveRequest(query=QUESTION, k=4), timeout=30
+        )
+        assert retrieved.hits[0].chunk.doc_id == "frob-manual"
+        assert "FROB_HOME" in retrieved.hits[0].chunk.text
+        assert "graph" in retrieved.timings_ms  # the graph role was asked
+        reply = await _answer(stub)
+    assert reply.reason != "no_evidence" and reply.evidence
+    assert reply.evidence[0].chunk.chunk_id == retrieved.hits[0].chunk.chunk_id
+    assert reply.timings_ms["generate_ms"] > 0 and "ttft_ms" in reply.timings_ms
+    if not reply.insufficient:
+        evidence = {h.chunk.chunk_id for h in reply.evidence}
+        assert reply.citations and {c.chunk_id for c in reply.citations} <= evidence
+    # each hop is in the called process's own metrics, and in the gateway's client metrics
+    generated = cluster["generator"].scrape()
+    assert 'grpc_server_handled_total{grpc_code="OK",grpc_method="GenerateStream"' in generated
+    assert "ragline_generator_tokens_total" in generated
+    scored = cluster["credibility"].scrape()
+    assert 'grpc_method="Score"' in scored
+    # one trace from the gateway's Answer through every stage it called
+    answer_spans: list[dict] = []
+    for _ in range(50):
+        answer_spans = [s for s in spans(cluster, "gateway") if s["name"].endswith("/Answer")]
+        if answer_spans:
+            break
+        await asyncio.sleep(0.1)
+    trace_id = answer_spans[-1]["context"]["trace_id"]
+    stage_span_names = {"gateway": "ragline.generate"} | {
+        "retriever": "/ragline.v1.RetrieverService/Search",
+        "credibility": "/ragline.v1.CredibilityService/Score",
+        "graph": "/ragline.v1.GraphService/Expand",
+        "generator": "/ragline.v1.GeneratorService/GenerateStream",
+    }
+    for role, name in stage_span_names.items():
+        found = [
+            s
+            for s in spans(cluster, role)
+            if s["name"] == name and s["context"]["trace_id"] == trace_id
+        ]
+        assert found, f"no {name} span of the Answer's trace in the {role} process"
+    gateway = cluster["gateway"].scrape()
+    for service, method in (
+        ("RetrieverService", "Search"),
+        ("CredibilityService", "Score"),
+        ("GraphService", "Expand"),
+        ("GeneratorService", "GenerateStream"),
+    ):
+        line = (
+            f'grpc_client_handled_total{{grpc_code="OK",grpc_method="{method}",'
+            f'grpc_service="ragline.v1.{service}"}}'
+        )
+        assert line in gateway, line
+
+
+async def test_ingest_and_delete_through_the_gateway_reach_the_retriever(
+    cluster: LocalCluster,
+) -> None:
+    pdf = write_pdf(
+        cluster.logs.parent / "pdfs" / "zorp-notes.pdf",
+        ["The zorpifier spins its quantum flywheel at 7,200 revolutions per hour."],
+    )
+    async with grpc.aio.insecure_channel(cluster["gateway"].address) as channel:
+        stub = ragline_pb2_grpc.RaglineStub(channel)
+        added = await stub.Ingest(
+            ragline_pb2.IngestRequest(
+                documents=[ragline_pb2.Document(name=pdf.name, content=pdf.read_bytes())]
+            ),
+            timeout=120,
+        )
+        assert added.results[0].status == ragline_pb2.IngestFileResult.INGESTED
+        found = await stub.Retrieve(
+            ragline_pb2.RetrieveRequest(query="zorpifier quantum flywheel", k=1), timeout=30
+        )
+        assert found.hits[0].chunk.doc_id == "zorp-notes"
+        assert found.index_generation == added.index_generation
+        stats = await stub.GetStats(ragline_pb2.GetStatsRequest(), timeout=30)
+        assert stats.documents == 2 and stats.index_generation == added.index_generation
+        assert stats.models["splade"] == "packaged:splade-tiny"
+        removed = await stub.DeleteDocument(
+            ragline_pb2.DeleteDocumentRequest(doc_id="zorp-notes"), timeout=30
+        )
+        assert removed.chunks_removed >= 1
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # the stage's NOT_FOUND, passed on
+            await stub.DeleteDocument(
+                ragline_pb2.DeleteDocumentRequest(doc_id="zorp-notes"), timeout=30
+            )
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # and its field violations
+            await stub.Retrieve(ragline_pb2.RetrieveRequest(query="x", k=1000), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_stage_process_is_not_reachable_from_the_public_port(cluster: LocalCluster) -> None:
+    async with grpc.aio.insecure_channel(cluster["gateway"].address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stages_pb2_grpc.RetrieverServiceStub(channel).Search(
+                stages_pb2.SearchRequest(query="frobnicator"), timeout=10
+            )
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_a_frozen_credibility_process_fails_answers_within_their_deadline(
+    cluster: LocalCluster,
+) -> None:
+    credibility = cluster["credibility"]
+    assert credibility.process is not None
+    credibility.process.send_signal(signal.SIGSTOP)
+    try:
+        async with grpc.aio.insecure_channel(cluster["gateway"].address) as channel:
+            stub = ragline_pb2_grpc.RaglineStub(channel)
+            started = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _answer(stub, timeout=8)
+            elapsed = time.monotonic() - started
+            assert err.value.code() in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            )
+            assert elapsed < 8  # the stage's own timeout (2 s), not the caller's
+            found = await stub.Retrieve(ragline_pb2.RetrieveRequest(query=QUESTION), timeout=10)
+            assert found.hits
+    finally:
+        credibility.process.send_signal(signal.SIGCONT)
+
+
+async def test_killing_credibility_fails_answers_and_a_restart_heals(cluster: LocalCluster) -> None:
+    credibility, gateway = cluster["credibility"], cluster["gateway"]
+    assert credibility.process is not None and gateway.process is not None
+    gateway_pid = gateway.process.pid
+    credibility.process.kill()
+    credibility.process.wait()
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        stub = ragline_pb2_grpc.RaglineStub(channel)
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _answer(stub, timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 5
+        assert "credibility" in (err.value.details() or "").lower()
+        # Retrieve does not need the filter: it keeps working
+        found = await stub.Retrieve(ragline_pb2.RetrieveRequest(query=QUESTION), timeout=10)
+        assert found.hits[0].chunk.doc_id == "frob-manual"
+        credibility.start()  # the same port: the gateway's channel reconnects by itself
+        await credibility.wait_serving()
+        healed = None
+        for _ in range(40):
+            try:
+                healed = await _answer(stub, timeout=30)
+                break
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                await asyncio.sleep(0.5)
+        assert healed is not None and healed.evidence
+    assert gateway.process.poll() is None and gateway.process.pid == gateway_pid

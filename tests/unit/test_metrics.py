@@ -1,0 +1,78 @@
+"""The Prometheus registry of a process: names, live values, the HTTP endpoint."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from services.metrics import Metrics, counter, gauge
+
+pytestmark = pytest.mark.unit
+
+
+def test_snapshot_flattens_samples_with_sorted_labels() -> None:
+    metrics = Metrics()
+    metrics.grpc_handled.labels("ragline.v1.Ragline", "Retrieve", "unary", "OK").inc(3)
+    metrics.grpc_seconds.labels("ragline.v1.Ragline", "Retrieve", "unary").observe(0.02)
+    metrics.answer(True, "no_evidence")
+    metrics.answer(False, "")
+    snap = metrics.snapshot()
+    key = (
+        'grpc_server_handled_total{grpc_code="OK",grpc_method="Retrieve",'
+        'grpc_service="ragline.v1.Ragline",grpc_type="unary"}'
+    )
+    assert snap[key] == 3
+    seconds = 'grpc_method="Retrieve",grpc_service="ragline.v1.Ragline",grpc_type="unary"'
+    assert snap[f"grpc_server_handling_seconds_count{{{seconds}}}"] == 1
+    assert snap[f"grpc_server_handling_seconds_sum{{{seconds}}}"] == pytest.approx(0.02)
+    assert not any(k.endswith("_bucket") or "_bucket{" in k for k in snap)  # Prometheus' only
+    assert snap['ragline_answers_total{outcome="insufficient",reason="no_evidence"}'] == 1
+    assert snap['ragline_answers_total{outcome="answered",reason=""}'] == 1
+
+
+def test_stage_timings_in_milliseconds_become_seconds() -> None:
+    metrics = Metrics()
+    metrics.stages({"retrieve_ms": 25.0, "graph": 5.0})
+    snap = metrics.snapshot()
+    assert snap['ragline_stage_seconds_sum{stage="retrieve"}'] == pytest.approx(0.025)
+    assert snap['ragline_stage_seconds_count{stage="graph"}'] == 1
+
+
+def test_watched_values_are_read_at_each_scrape() -> None:
+    metrics = Metrics()
+    live = {"hits": 0.0}
+    metrics.watch(lambda: [counter("ragline_cache_hits_total", "hits", live["hits"])])
+    metrics.watch(lambda: [gauge("ragline_index_chunks", "chunks", 7, {"collection": "a"})])
+    assert metrics.snapshot()["ragline_cache_hits_total"] == 0
+    live["hits"] = 5
+    snap = metrics.snapshot()
+    assert snap["ragline_cache_hits_total"] == 5
+    assert snap['ragline_index_chunks{collection="a"}'] == 7
+
+
+def test_two_registries_in_one_process_do_not_clash() -> None:
+    first, second = Metrics(), Metrics()  # the default global registry would refuse this
+    first.ingested_pages.inc(2)
+    assert second.snapshot()["ragline_ingested_pages_total"] == 0
+
+
+def test_the_http_endpoint_serves_histograms_that_move() -> None:
+    metrics = Metrics()
+    endpoint = metrics.serve_http("127.0.0.1", 0)
+    try:
+
+        def scrape() -> str:
+            url = f"http://127.0.0.1:{endpoint.port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 (loopback)
+                return reply.read().decode()
+
+        line = 'ragline_stage_seconds_count{stage="ttft"}'
+        assert f"{line} 0.0" not in scrape() and line not in scrape()
+        metrics.stages({"ttft_ms": 300.0})
+        body = scrape()
+        assert f"{line} 1.0" in body
+        assert 'ragline_stage_seconds_bucket{le="0.5",stage="ttft"} 1.0' in body
+        assert 'ragline_stage_seconds_bucket{le="0.25",stage="ttft"} 0.0' in body
+    finally:
+        endpoint.close()
