@@ -7,7 +7,7 @@ CORPUS ?= data/corpus
 PORT ?= 50051
 QUESTIONS ?= data/credibility/*.jsonl
 
-.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security clean
+.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security bench-load cluster clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~5 min), serve on :$(PORT)
@@ -99,6 +99,15 @@ bench-retrieval: setup redis
 ## bench-security: Retrieve over gRPC without auth, with tokens, with TLS (var/index)
 bench-security: setup redis
 	$(BIN)/python bench/security.py
+
+## bench-load: Retrieve on loopback, one process against every role its own process
+##      (1/8/32/128 callers, cache hits and misses), what each hop adds, /metrics while loaded
+bench-load: setup redis
+	$(BIN)/python bench/load.py
+
+## cluster: the split deployment on this machine (every role its own process, gateway :$(PORT))
+cluster: setup redis
+	$(BIN)/ragline cluster --port $(PORT)
 
 clean:
 	rm -rf var build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from generator.admission import AdmissionQueue
 from generator.core import TextBackend
-from generator.routing import estimate_tokens
+from generator.routing import estimate_tokens, parse_bounded
 from ragline.errors import FailedPrecondition
 
 
@@ -29,25 +29,13 @@ def parse_buckets(spec: str) -> list[tuple[float, int]]:
     Raises:
         FailedPrecondition: a malformed spec (the message says which part).
     """
-    buckets: list[tuple[float, int]] = []
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        bound, sep, slots = part.partition(":")
-        try:
-            limit = math.inf if bound.strip().lower() == "inf" else float(int(bound))
-            count = int(slots)
-        except ValueError:
-            limit, count = -1.0, 0
-        if not sep or limit <= 0 or count < 1:
+    buckets = []
+    for bound, slots in parse_bounded(spec, ":", "generator length buckets", "SLOTS"):
+        if not slots.isdigit() or int(slots) < 1:
             raise FailedPrecondition(
-                f"generator length buckets: {part!r} is not TOKENS:SLOTS "
-                "(TOKENS a positive integer or inf, SLOTS at least 1)"
+                f"generator length buckets: SLOTS must be a positive integer, got {slots!r}"
             )
-        buckets.append((limit, count))
-    bounds = [b for b, _ in buckets]
-    if not buckets or bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
-        raise FailedPrecondition("generator length buckets: give TOKENS:SLOTS with rising bounds")
-    if bounds[-1] != math.inf:
-        raise FailedPrecondition("generator length buckets: the last bound must be inf")
+        buckets.append((bound, int(slots)))
     return buckets
 
 

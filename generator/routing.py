@@ -20,30 +20,41 @@ from ragline.errors import FailedPrecondition
 CHARS_PER_TOKEN = 4
 
 
+def parse_bounded(spec: str, sep: str, what: str, value: str) -> list[tuple[float, str]]:
+    """``"256<sep>X,2048<sep>Y,inf<sep>Z"`` → [(256, X), (2048, Y), (inf, Z)]: token bounds
+    rising, the last one inf (a catch-all), each value non-empty. ``what`` names the setting
+    and ``value`` the kind of value in error messages.
+
+    Raises:
+        FailedPrecondition: a malformed spec (the message says which part).
+    """
+    items: list[tuple[float, str]] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        bound, found, item = part.partition(sep)
+        try:
+            limit = math.inf if bound.strip().lower() == "inf" else float(int(bound))
+        except ValueError:
+            limit = -1.0
+        if not found or not item.strip() or limit <= 0:
+            raise FailedPrecondition(
+                f"{what}: {part!r} is not TOKENS{sep}{value} (TOKENS a positive integer or inf)"
+            )
+        items.append((limit, item.strip()))
+    bounds = [b for b, _ in items]
+    if not items or bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
+        raise FailedPrecondition(f"{what}: give TOKENS{sep}{value} pairs with rising bounds")
+    if bounds[-1] != math.inf:
+        raise FailedPrecondition(f"{what}: the last bound must be inf (catch-all)")
+    return items
+
+
 def parse_routes(spec: str) -> list[tuple[float, str]]:
     """``"256=URL,2048=URL,inf=URL"`` → [(256, URL), (2048, URL), (inf, URL)], bounds rising.
 
     Raises:
         FailedPrecondition: a malformed spec (the message says which part).
     """
-    routes: list[tuple[float, str]] = []
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        bound, sep, url = part.partition("=")
-        try:
-            limit = math.inf if bound.strip().lower() == "inf" else float(int(bound))
-        except ValueError:
-            limit = -1.0
-        if not sep or not url.strip() or limit <= 0:
-            raise FailedPrecondition(
-                f"generator routes: {part!r} is not TOKENS=URL (TOKENS a positive integer or inf)"
-            )
-        routes.append((limit, url.strip()))
-    bounds = [b for b, _ in routes]
-    if not routes or bounds != sorted(bounds) or len(set(bounds)) != len(bounds):
-        raise FailedPrecondition("generator routes: give TOKENS=URL pairs with rising bounds")
-    if bounds[-1] != math.inf:
-        raise FailedPrecondition("generator routes: the last bound must be inf (catch-all)")
-    return routes
+    return parse_bounded(spec, "=", "generator routes", "URL")
 
 
 def estimate_tokens(messages: Sequence[dict[str, str]]) -> int:

@@ -196,10 +196,10 @@ class GraphIndex:
     def stats(self) -> dict[str, float]:
         t = self.tables
         return {
-            "graph_documents": len(self._docs),
-            "graph_entities": len(t.df),
-            "graph_nodes": len(t.dense),
-            "graph_relations": sum(len(n) for n in t.edges.values()) // 2,
+            "ragline_graph_documents": len(self._docs),
+            "ragline_graph_entities": len(t.df),
+            "ragline_graph_nodes": len(t.dense),
+            "ragline_graph_relations": sum(len(n) for n in t.edges.values()) // 2,
         }
 
     # -- pass 2: relations -------------------------------------------------------------------

@@ -488,11 +488,12 @@ class Gateway:
         return await self.index.delete(doc_id, collection, allowed)
 
     # -- what GetStats says ------------------------------------------------------------------
-    async def models(self) -> dict[str, str]:
-        """The models behind each stage here (a remote stage: its address)."""
+    async def models(self, info: IndexInfo | None = None) -> dict[str, str]:
+        """The models behind each stage here (a remote stage: its address); ``info``: the
+        index's description when the caller has it already."""
         out: dict[str, str] = {}
         if self._index is not None:
-            out.update((await self._index.describe()).models)
+            out.update((info or await self._index.describe()).models)
         if self._generator is not None:
             out["generator"] = self._generator.model_id
         if self._filter is not None:
@@ -504,7 +505,7 @@ class Gateway:
         """Index size and models; the counters too for a caller who may see every collection
         (a token limited to some collections sees their size only)."""
         info = await self.index.describe()
-        models = await self.models()
+        models = await self.models(info)
         if principal is not None and principal.collections is not None:
             sizes = [n for c, n in info.collections.items() if c in principal.collections]
             return GatewayStats(
@@ -537,6 +538,11 @@ class Gateway:
                 "Scorings done by the fallback filter because the filter was unavailable.",
                 self.filter_fallbacks,
             )
+        if isinstance(self._index, LocalIndex):
+            info = self._index.info()
+            yield gauge("ragline_index_chunks", "Chunks in the index.", info.chunks)
+            yield gauge("ragline_index_documents", "Documents in the index.", info.documents)
+            yield gauge("ragline_index_generation", "The index generation served.", info.generation)
         depth = getattr(self._generator, "queue_depth", None)
         waiting = depth() if depth is not None else None
         if waiting is not None:

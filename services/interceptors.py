@@ -39,6 +39,8 @@ ANSWER_METHODS = frozenset(
 )
 """RPCs that hold the generator: admitted against their own in-flight bound."""
 
+PUBLIC_SERVICE = "ragline.v1.Ragline"
+
 INGEST_METHODS = frozenset({"/ragline.v1.Ragline/Ingest", "/ragline.v1.IndexService/Ingest"})
 """RPCs that parse and encode whole PDFs: the longest default deadline."""
 
@@ -126,10 +128,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 async with _Call(self, method, context, "unary") as call:
-                    try:
-                        return await asyncio.wait_for(
-                            inner_unary(_decoded(request), context), call.left()
-                        )
+                    try:  # in this task (no task per call): the timeout cancels the handler
+                        async with asyncio.timeout(call.left()):
+                            return await inner_unary(_decoded(request), context)
                     except TimeoutError as exc:
                         raise _past_deadline() from exc
 
@@ -318,4 +319,9 @@ class _Call:
         span = trace.get_current_span().get_span_context()
         if span.is_valid:  # tracing on: the trace this request's spans are in
             line["trace_id"] = format(span.trace_id, "032x")
-        logger.info("%s", json.dumps(line))
+        # one line per request where apps call (the public API); a stage's calls are the
+        # gateway's requests again, so only their failures (and at DEBUG, all of them)
+        public = self.service == PUBLIC_SERVICE
+        level = logging.INFO if public or self.code != grpc.StatusCode.OK else logging.DEBUG
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", json.dumps(line))

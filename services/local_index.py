@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ingest.batch import FileResult, IngestReport, duplicate_uploads, ingest_one, run_batch
 from ingest.chunker import ChunkerConfig
@@ -198,18 +199,22 @@ class LocalIndex:
         """The operator's batch (the CLI, the eval harness): any readable path, with a
         progress bar when asked."""
         async with self._lock:
-            report = await asyncio.to_thread(
-                run_batch,
-                [str(f) for f in files],
-                self.indexer,
-                self.chunker,
-                self.pdf_limits,
-                progress,
-                workers=self.workers,
-                memory_limit_mb=self.worker_memory_mib,
-            )
+            report = await asyncio.to_thread(self._batch, files, progress)
             await asyncio.to_thread(self._changed)
         return report
+
+    def _batch(self, files: Sequence[str | Path], progress: bool, **options: Any) -> IngestReport:
+        """The batch job over ``files`` into this index (blocking: from a worker thread)."""
+        return run_batch(
+            [str(f) for f in files],
+            self.indexer,
+            self.chunker,
+            self.pdf_limits,
+            progress,
+            workers=self.workers,
+            memory_limit_mb=self.worker_memory_mib,
+            **options,
+        )
 
     async def _ingest_locked(
         self,
@@ -225,15 +230,10 @@ class LocalIndex:
             files = [f for f in files if f not in foreign]
             if files:  # the batch job itself: size limit, duplicate ids, same-name guard
                 report = await asyncio.to_thread(
-                    run_batch,
-                    [str(f) for f in files],
-                    self.indexer,
-                    self.chunker,
-                    self.pdf_limits,
-                    progress=False,
+                    self._batch,
+                    files,
+                    False,
                     collection=collection,
-                    workers=self.workers,
-                    memory_limit_mb=self.worker_memory_mib,
                     replace_other_paths=replace_other_paths,
                 )
             report.results[:0] = [_taken(str(f)) for f in foreign]

@@ -78,7 +78,10 @@ async def test_retrieve_says_which_hits_the_graph_brought(graph_server: Served) 
         plain = await stub.Retrieve(ragline_pb2.RetrieveRequest(query="seven days", k=4))
         assert not any(h.via for h in plain.hits)  # names no node, asks one thing: no graph
         stats = await stub.GetStats(ragline_pb2.GetStatsRequest())
-        assert stats.counters["graph_nodes"] > 0 and stats.counters["ragline_graph_used_total"] >= 1
+        assert (
+            stats.counters["ragline_graph_nodes"] > 0
+            and stats.counters["ragline_graph_used_total"] >= 1
+        )
 
 
 async def test_the_expand_stage_service_fuses_what_it_is_sent(graph_server: Served) -> None:

@@ -78,3 +78,34 @@ def test_credibility_questions_refuses_bad_settings_before_loading_anything(
     assert not out.exists()
     with pytest.raises(SystemExit):  # --out is required
         main(["credibility", "questions"])
+
+
+def test_time_left_is_the_current_rpcs_deadline_capped_by_the_clients_own() -> None:
+    import time
+
+    from services.deadlines import current_deadline, time_left
+
+    assert time_left() is None and time_left(2.0) == 2.0  # outside an RPC: the cap alone
+    token = current_deadline.set(time.monotonic() + 5.0)
+    try:
+        assert 4.0 < (time_left() or 0) <= 5.0
+        assert time_left(1.0) == 1.0
+        current_deadline.set(time.monotonic() - 1.0)  # already past: fail at once, never wait
+        assert time_left(3.0) == 0.0
+    finally:
+        current_deadline.reset(token)
+
+
+def test_a_stage_role_without_its_addresses_is_refused_before_serving() -> None:
+    from services.build import build_gateway
+    from services.settings import Settings
+
+    settings = Settings()
+    settings.server.role = "gateway"
+    settings.stages.retriever_address = "127.0.0.1:7001"
+    with pytest.raises(ValueError, match="RAGLINE_STAGES_GENERATOR_ADDRESS"):
+        build_gateway(settings)
+    settings.server.role = "graph"
+    settings.stages.retriever_address = ""
+    with pytest.raises(ValueError, match="RAGLINE_STAGES_RETRIEVER_ADDRESS"):
+        build_gateway(settings)
