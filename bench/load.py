@@ -56,6 +56,31 @@ def samples(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def quantile(before: str, after: str, q: float, name: str, **labels: str) -> float:
+    """The ``q`` quantile (seconds) of a histogram's observations between two scrapes,
+    interpolated within its buckets as Prometheus' ``histogram_quantile`` does."""
+    bounds: dict[float, float] = {}
+    for text, sign in ((after, 1.0), (before, -1.0)):
+        for m in SAMPLE.finditer(text):
+            if m.group("name") != f"{name}_bucket":
+                continue
+            got = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels") or ""))
+            if all(got.get(k) == v for k, v in labels.items()):
+                le = float(got["le"])
+                bounds[le] = bounds.get(le, 0.0) + sign * float(m.group("value"))
+    edges = sorted(bounds)
+    if not edges or bounds[edges[-1]] <= 0:
+        return float("nan")
+    rank, lower, below = q * bounds[edges[-1]], 0.0, 0.0
+    for edge in edges:
+        if bounds[edge] >= rank:
+            if edge == float("inf"):
+                return lower
+            return lower + (edge - lower) * (rank - below) / max(bounds[edge] - below, 1e-12)
+        lower, below = edge, bounds[edge]
+    return lower
+
+
 def cluster_env(index_dir: Path) -> dict[str, str]:
     return {
         "RAGLINE_RETRIEVER_INDEX_DIR": str(index_dir),
@@ -153,14 +178,23 @@ async def hop_costs(cluster: LocalCluster, questions: list[str], k: int) -> dict
         )
         return total / count * 1000 if count else float("nan")
 
+    def p50_ms(role: str, name: str, **labels: str) -> float:
+        return quantile(before[role], after[role], 0.5, name, **labels) * 1000
+
     per_hop = {}
     for stage, method in (("retriever", "Search"), ("graph", "Expand")):
-        waited = mean_ms("gateway", "grpc_client_handling_seconds", grpc_method=method)
-        served = mean_ms(stage, "grpc_server_handling_seconds", grpc_method=method)
+        client, server = "grpc_client_handling_seconds", "grpc_server_handling_seconds"
+        waited, served = (
+            p50_ms("gateway", client, grpc_method=method),
+            p50_ms(stage, server, grpc_method=method),
+        )
+        mean_waited = mean_ms("gateway", client, grpc_method=method)
+        mean_served = mean_ms(stage, server, grpc_method=method)
         per_hop[method] = {
-            "client_mean_ms": round(waited, 3),
-            "server_mean_ms": round(served, 3),
-            "hop_mean_ms": round(waited - served, 3),
+            "client_p50_ms": round(waited, 3),
+            "server_p50_ms": round(served, 3),
+            "hop_p50_ms": round(waited - served, 3),
+            "hop_mean_ms": round(mean_waited - mean_served, 3),
         }
     return {
         "gateway_retrieve_p50_ms": round(statistics.median(via_gateway), 3),

@@ -23,10 +23,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (
+    0.00025,
     0.0005,
+    0.00075,
     0.001,
-    0.0025,
+    0.0015,
+    0.002,
+    0.003,
     0.005,
+    0.0075,
     0.01,
     0.025,
     0.05,
@@ -40,8 +45,9 @@ LATENCY_BUCKETS = (
     30.0,
     60.0,
 )
-"""Seconds: from a cache hit (~1 ms) to a long answer on a CPU (tens of seconds), so that
-``histogram_quantile(0.95, ...)`` resolves both ends (the HPA scales on it)."""
+"""Seconds: from one gRPC hop (~0.5-1 ms) and a cache hit (a few ms) to a long answer on a CPU
+(tens of seconds), so that ``histogram_quantile`` resolves both ends (the HPAs scale on the
+p95; a hop's p50 needs the sub-millisecond buckets)."""
 
 TOKENS_PER_SECOND_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
