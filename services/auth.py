@@ -14,10 +14,11 @@ random bytes, so a fast hash cannot be brute-forced and needs no salt or slow KD
 
 Scopes (:data:`SCOPES`): ``read`` (Retrieve, Answer, AnswerStream, GetStats), ``ingest``,
 ``delete``, ``internal`` (the stage services one ``ragline serve`` calls on another:
-RetrieverService, CredibilityService, GeneratorService, GraphService) and ``admin``, which
-implies every other scope. Internal is its own scope so that a stage-to-stage credential is
-not also a client credential, and vice versa. Methods outside ``ragline.v1`` (health,
-reflection) need no token; an unknown ``ragline.v1`` method needs ``admin``.
+RetrieverService, IndexService, CredibilityService, GeneratorService, GraphService) and
+``admin``, which implies every other scope. Internal is its own scope so that a
+stage-to-stage credential is not also a client credential, and vice versa. Methods outside
+``ragline.v1`` (health, reflection) need no token; an unknown ``ragline.v1`` method needs
+``admin``.
 
 Collections: ``["*"]`` grants every collection. A limited token sees only its collections:
 one it names but is not granted is reported exactly like a collection that does not exist,
@@ -58,6 +59,7 @@ METHOD_SCOPES: Final[Mapping[str, Scope]] = {
 }
 INTERNAL_SERVICES: Final = (
     "/ragline.v1.RetrieverService/",
+    "/ragline.v1.IndexService/",
     "/ragline.v1.CredibilityService/",
     "/ragline.v1.GeneratorService/",
     "/ragline.v1.GraphService/",
@@ -65,7 +67,7 @@ INTERNAL_SERVICES: Final = (
 OWN_PREFIX: Final = "/ragline.v1."
 
 _NAME = re.compile(r"[A-Za-z0-9_.@:-]{1,64}")
-_COLLECTION = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # as services.gateway.check_collection
+_COLLECTION = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # as services.local_index.check_collection
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _ENTRY_KEYS = frozenset({"name", "sha256", "scopes", "collections"})
 

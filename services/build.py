@@ -16,6 +16,7 @@ warm-up does (:meth:`services.gateway.Gateway.warm_up`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -127,7 +128,7 @@ def default_options(settings: Settings, dense: bool) -> SearchOptions:
 def build_graph_path(settings: Settings) -> GraphPath | None:
     """The selective graph and its query path (None when ``RAGLINE_GRAPH_ENABLED=false``).
     Light: the persisted graph is read here, brought in step with the index by
-    :meth:`Gateway.sync_graph`."""
+    :meth:`services.graph_stage.LocalGraph.sync`."""
     g = settings.graph
     if not g.enabled:
         return None
@@ -203,7 +204,8 @@ def _engine(settings: Settings, kind: str) -> TextBackend:
     return TransformersBackend(g.model, threads=settings.server.threads)
 
 
-def _channel(settings: Settings):  # type: ignore[no-untyped-def]
+def _channel(settings: Settings) -> Callable[[str], grpc.aio.Channel]:
+    """Opens a stage client's channel: TLS, mTLS, token, retries, keepalive as configured."""
     from services.client import open_channel
 
     def channel(target: str) -> grpc.aio.Channel:  # TLS, mTLS, token, retries as configured

@@ -112,10 +112,11 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
         return continuation(self._details(details), request)
 
 
-class _AioTokenInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor
-):
-    """Adds the bearer token to every call of a grpc.aio channel (a gateway's remote stage)."""
+class _AioToken:
+    """Adds the bearer token to every call of a grpc.aio channel (a gateway's remote stage).
+
+    grpc.aio files an interceptor under the first call kind it implements, so each kind needs
+    an object of its own (one class with both would never see the streaming calls)."""
 
     def __init__(self, token: str) -> None:
         self.metadata = bearer_metadata(token)
@@ -124,9 +125,13 @@ class _AioTokenInterceptor(
         metadata = grpc.aio.Metadata(*(details.metadata or ()), *self.metadata)
         return details._replace(metadata=metadata)
 
+
+class _AioUnaryToken(_AioToken, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
+
+class _AioStreamToken(_AioToken, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._details(details), request)
 
@@ -144,7 +149,7 @@ def open_channel(server: ServerSettings, target: str, aio: bool = False) -> Any:
         from services.tracing import client_interceptors
 
         interceptors = client_interceptors() + (
-            [_AioTokenInterceptor(server.token)] if server.token else []
+            [_AioUnaryToken(server.token), _AioStreamToken(server.token)] if server.token else []
         )
         if credentials is None:
             return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)

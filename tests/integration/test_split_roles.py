@@ -19,6 +19,7 @@ from ingest.batch import run_batch
 from ingest.chunker import ChunkerConfig
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import DenseEncoder, SpladeEncoder
+from services.auth import bearer_metadata, new_token
 from services.cluster import ROLES, LocalCluster
 from tests.conftest import MANUAL_PAGES, make_indexer, write_pdf
 
@@ -246,3 +247,66 @@ async def test_killing_credibility_fails_answers_and_a_restart_heals(cluster: Lo
                 await asyncio.sleep(0.5)
         assert healed is not None and healed.evidence
     assert gateway.process.poll() is None and gateway.process.pid == gateway_pid
+
+
+async def test_a_secured_split_deployment_checks_tokens_on_every_hop(
+    split_index: Path, redis_url: str
+) -> None:
+    """Tokens on every process: apps hold read / ingest tokens for the gateway, the gateway an
+    internal-scope token for the stages; a client token is no stage credential."""
+    tokens, entries = {}, []
+    for name, scopes in (("reader", ["read"]), ("loader", ["ingest"]), ("stages", ["internal"])):
+        tokens[name], entry = new_token(name, scopes, ["*"])
+        entries.append(entry)
+    env = {
+        "RAGLINE_RETRIEVER_INDEX_DIR": str(split_index / "index"),
+        "RAGLINE_CACHE_REDIS_URL": redis_url,
+        "RAGLINE_CACHE_KEY_PREFIX": f"ragline-split:{uuid.uuid4().hex}:",
+        "RAGLINE_CREDIBILITY_BACKEND": "score_floor",
+        "RAGLINE_GENERATOR_BACKEND": "llamacpp",
+        "RAGLINE_GENERATOR_MODEL": "packaged:smollm2-135m-instruct",
+        "RAGLINE_GENERATOR_LLAMACPP_THREADS": "1",
+        "RAGLINE_GRAPH_ENABLED": "false",
+        "RAGLINE_SERVER_THREADS": "1",
+        "RAGLINE_INGEST_WORKERS": "0",
+        "RAGLINE_SERVER_AUTH_TOKENS": json.dumps({"tokens": entries}),
+        "RAGLINE_SERVER_TOKEN": tokens["stages"],  # what each process calls the others with
+    }
+    roles = ("retriever", "credibility", "generator", "gateway")
+    cluster = LocalCluster(env, split_index / "secured-logs", roles=roles)
+    await cluster.start()
+    try:
+        async with grpc.aio.insecure_channel(cluster["gateway"].address) as channel:
+            stub = ragline_pb2_grpc.RaglineStub(channel)
+            reader = bearer_metadata(tokens["reader"])
+            found = await stub.Retrieve(
+                ragline_pb2.RetrieveRequest(query=QUESTION), timeout=30, metadata=reader
+            )
+            assert found.hits[0].chunk.doc_id == "frob-manual"
+            reply = await stub.Answer(
+                ragline_pb2.AnswerRequest(query=QUESTION), timeout=60, metadata=reader
+            )
+            assert reply.evidence
+            pdf = write_pdf(
+                split_index / "pdfs" / "quux-notes.pdf",
+                ["The quux daemon rotates its journal every 90 minutes."],
+            )
+            added = await stub.Ingest(  # through IndexService with the gateway's own token
+                ragline_pb2.IngestRequest(
+                    documents=[ragline_pb2.Document(name=pdf.name, content=pdf.read_bytes())]
+                ),
+                timeout=120,
+                metadata=bearer_metadata(tokens["loader"]),
+            )
+            assert added.results[0].status == ragline_pb2.IngestFileResult.INGESTED
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Retrieve(ragline_pb2.RetrieveRequest(query=QUESTION), timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        async with grpc.aio.insecure_channel(cluster["retriever"].address) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # an app's token is no stage's
+                await stages_pb2_grpc.RetrieverServiceStub(channel).Search(
+                    stages_pb2.SearchRequest(query=QUESTION), timeout=30, metadata=reader
+                )
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        cluster.stop()

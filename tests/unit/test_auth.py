@@ -256,6 +256,8 @@ def test_admin_implies_every_scope_and_nothing_else_does() -> None:
         ("/ragline.v1.GeneratorService/Generate", "internal"),
         ("/ragline.v1.GeneratorService/GenerateStream", "internal"),
         ("/ragline.v1.GraphService/Expand", "internal"),
+        ("/ragline.v1.IndexService/Ingest", "internal"),
+        ("/ragline.v1.IndexService/Describe", "internal"),
         ("/ragline.v1.Ragline/Compact", "admin"),  # not in the table: closed by default
         ("/ragline.v1.NewService/Anything", "admin"),
         ("/grpc.health.v1.Health/Check", None),
@@ -264,6 +266,14 @@ def test_admin_implies_every_scope_and_nothing_else_does() -> None:
 )
 def test_method_scope_table(method: str, scope: str | None) -> None:
     assert required_scope(method) == scope
+
+
+def test_every_stage_rpc_needs_the_internal_scope() -> None:
+    from ragline.v1 import stages_pb2
+
+    for service in stages_pb2.DESCRIPTOR.services_by_name.values():
+        for method in service.methods:
+            assert required_scope(f"/{service.full_name}/{method.name}") == "internal"
 
 
 def test_every_public_rpc_is_in_the_table() -> None:
