@@ -8,9 +8,12 @@ variant of the encoders:
 
 - ``sentence-transformers, float32``: the models through sentence-transformers' own
   ``encode_document`` / ``encode_query`` (what ragline did before);
-- ``ragline, float32``: SPLADE's max-before-activation path and MiniLM's direct query path
-  (``retriever/encoders/``), the same vectors;
-- ``ragline, bfloat16``: documents in bfloat16 (only where the CPU has it natively).
+- ``ragline, float32, torch queries``: SPLADE's max-before-activation path and MiniLM's
+  direct query path (``retriever/encoders/``), the same vectors;
+- ``ragline, float32, ONNX Runtime queries``: queries through the exported query graphs
+  (``retriever/encoders/onnx_query.py``), documents as above;
+- ``ragline, bfloat16, ONNX Runtime queries`` (the default where the CPU has bfloat16
+  natively): documents in bfloat16.
 
 Per variant: SPLADE and MiniLM passages/s and both together (what ingest pays per chunk),
 query encode p50, the largest change to any SPLADE weight and the lowest MiniLM cosine against
@@ -43,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from ragline.types import Chunk  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
+from retriever.encoders.onnx_query import QueryRuntime  # noqa: E402
 from retriever.indexer import encoding_text  # noqa: E402
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE  # noqa: E402
 from services.build import build_local_indexer  # noqa: E402
@@ -155,20 +159,23 @@ def main() -> int:
     texts = [encoding_text(by_id[cid]) for cid in ids]
     questions = [(q, position[cid]) for q, cid in asked]
 
-    variants: list[tuple[str, EncodeDtype, bool]] = [
-        ("sentence-transformers, float32", "float32", True),
-        ("ragline, float32", "float32", False),
+    variants: list[tuple[str, EncodeDtype, bool, QueryRuntime]] = [
+        ("sentence-transformers, float32", "float32", True, "torch"),
+        ("ragline, float32, torch queries", "float32", False, "torch"),
+        ("ragline, float32, ONNX Runtime queries", "float32", False, "onnx"),
     ]
     if cpu_has_bf16():
-        variants.append(("ragline, bfloat16", "bfloat16", False))
+        variants.append(("ragline, bfloat16, ONNX Runtime queries", "bfloat16", False, "onnx"))
     rows = []
-    for name, dtype, st in variants:
-        splade = SpladeEncoder(
-            PACKAGED_SPLADE, batch_size=args.batch_size, threads=args.threads, dtype=dtype
-        )
-        dense = DenseEncoder(
-            PACKAGED_MINILM, batch_size=args.batch_size, threads=args.threads, dtype=dtype
-        )
+    for name, dtype, st, runtime in variants:
+        options: dict[str, Any] = {
+            "batch_size": args.batch_size,
+            "threads": args.threads,
+            "dtype": dtype,
+            "query_runtime": runtime,
+        }
+        splade = SpladeEncoder(PACKAGED_SPLADE, **options)
+        dense = DenseEncoder(PACKAGED_MINILM, **options)
         rows.append(run_variant(name, splade, dense, texts, questions, st))
         print(f"{name}: done", file=sys.stderr, flush=True)
     base_rows, base_vectors = rows[0]["_rows"], rows[0]["_vectors"]

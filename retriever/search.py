@@ -238,19 +238,27 @@ class Retriever:
         lists: dict[str, list[tuple[str, float]]] = {}
         found: dict[str, Chunk] = {}
         vector: SparseVector | None = None
-        if options.mode in ("sparse", "hybrid"):
+        qvec: np.ndarray | None = None
+        if options.mode == "hybrid":  # both queries at once: ONNX Runtime releases the GIL
             started = time.perf_counter()
-            vector = await asyncio.to_thread(self.encode_sparse, view, query)
+            vector, qvec = await asyncio.gather(
+                asyncio.to_thread(self.encode_sparse, view, query),
+                asyncio.to_thread(self._encode_dense, query),
+            )
             timings["encode_ms"] = _ms(started)
+        if options.mode in ("sparse", "hybrid"):
+            if vector is None:
+                started = time.perf_counter()
+                vector = await asyncio.to_thread(self.encode_sparse, view, query)
+                timings["encode_ms"] = _ms(started)
             started = time.perf_counter()
             lists["sparse"] = _keyed(view.search_sparse(vector, depth, allowed), found)
             timings["search_ms"] = _ms(started)
         if options.mode in ("dense", "hybrid"):
-            dense_encoder = self.dense
-            assert dense_encoder is not None
-            started = time.perf_counter()
-            qvec = await asyncio.to_thread(dense_encoder.encode_query, query)
-            timings["dense_encode_ms"] = _ms(started)
+            if qvec is None:
+                started = time.perf_counter()
+                qvec = await asyncio.to_thread(self._encode_dense, query)
+                timings["dense_encode_ms"] = _ms(started)
             started = time.perf_counter()
             lists["dense"] = _keyed(view.search_dense(qvec, depth, allowed), found)
             timings["dense_search_ms"] = _ms(started)
@@ -283,6 +291,10 @@ class Retriever:
         if options.explain:
             hits = await self._explain(view, query, hits, vector)
         return RetrievalResult(hits, False, view.generation, timings)
+
+    def _encode_dense(self, query: str) -> np.ndarray:
+        assert self.dense is not None
+        return self.dense.encode_query(query)
 
     async def _explain(
         self, view: SearchView, query: str, hits: list[Hit], vector: SparseVector | None = None

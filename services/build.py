@@ -55,6 +55,8 @@ def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | No
         threads=threads,
         top_terms=r.doc_top_terms,
         dtype=r.encode_dtype,
+        query_runtime=r.query_runtime,
+        onnx_dir=r.onnx_dir,
     )
     dense_encoder = (
         DenseEncoder(
@@ -63,6 +65,8 @@ def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | No
             threads=threads,
             device=r.dense_device,
             dtype=r.encode_dtype,
+            query_runtime=r.query_runtime,
+            onnx_dir=r.onnx_dir,
         )
         if r.dense_model
         else None

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ragline.errors import FailedPrecondition
 from retriever.encoders.lazy import EncodeDtype, LazyModel, autocast, resolve_dtype
+from retriever.encoders.onnx_query import OnnxQuery, QueryRuntime, checked, dense_module
 from retriever.models import resolve_dense
 
 logger = logging.getLogger(__name__)
@@ -22,7 +24,8 @@ class DenseEncoder(LazyModel):
     Light ``__init__``; :meth:`warm_up` loads the model. ``dtype="bfloat16"`` encodes passages
     in bfloat16 where the CPU has it natively (~2x on 2 cores, ``bench/encode.py``); queries
     run in float32, without sentence-transformers' per-call bookkeeping when the model is a
-    plain transformer + mean pooling + normalisation (MiniLM).
+    plain transformer + mean pooling + normalisation (MiniLM), through ONNX Runtime where
+    ``query_runtime`` allows (``retriever.encoders.onnx_query``; ~3x faster on 2 cores).
     """
 
     def __init__(
@@ -33,6 +36,8 @@ class DenseEncoder(LazyModel):
         threads: int = 0,
         device: str = "cpu",
         dtype: EncodeDtype = "float32",
+        query_runtime: QueryRuntime = "auto",
+        onnx_dir: Path | None = None,
     ) -> None:
         super().__init__(model, threads)
         self.batch_size = batch_size
@@ -40,7 +45,10 @@ class DenseEncoder(LazyModel):
         self.device = device
         self.dtype = resolve_dtype(dtype)
         """What passages are encoded in (queries: always float32)."""
+        self.query_runtime: QueryRuntime = query_runtime if device == "cpu" else "torch"
+        self.onnx_dir = onnx_dir or Path("var/models/onnx")
         self._mean_pooled = False
+        self._onnx: OnnxQuery | None = None
 
     def _load(self) -> Any:
         import torch
@@ -59,6 +67,31 @@ class DenseEncoder(LazyModel):
             and not any(getattr(model, "prompts", {}).values())
         )
         return model
+
+    def _loaded(self) -> None:
+        if not self._mean_pooled:
+            return
+        body = self._model[0].auto_model
+        self._onnx = checked(
+            lambda: OnnxQuery(
+                dense_module(body), "dense", self.model_id, self.onnx_dir, self.threads
+            ),
+            self.query_runtime,
+            self._token_ids,
+            self._torch_query,
+            dense=True,
+            what=f"dense model {self.model_id}",
+        )
+
+    @property
+    def query_path(self) -> str:
+        """What encodes queries: ``onnx`` or ``torch``."""
+        self.model  # noqa: B018 (loads it: the path is chosen then)
+        return "onnx" if self._onnx is not None else "torch"
+
+    def _token_ids(self, text: str) -> list[int]:
+        tokens = self.model.tokenizer(text, truncation=True, max_length=self.model.max_seq_length)
+        return list(tokens["input_ids"])
 
     @property
     def dim(self) -> int:
@@ -81,6 +114,12 @@ class DenseEncoder(LazyModel):
 
     def encode_query(self, text: str) -> np.ndarray:
         """Encode one query into a unit vector of shape ``(dim,)``."""
+        self.model  # noqa: B018 (loads it, and with it the ONNX graph, once)
+        if self._onnx is not None:
+            return self._onnx(self._token_ids(text))
+        return self._torch_query(text)
+
+    def _torch_query(self, text: str) -> np.ndarray:
         model = self.model
         if self._mean_pooled:
             import torch

@@ -39,6 +39,10 @@ class LazyModel:
 
                 torch.set_num_threads(self.threads)
             self._model = self._load()
+            self._loaded()
+
+    def _loaded(self) -> None:
+        """After the model loaded (under the loader's lock): what is built from it."""
 
     @property
     def loaded(self) -> bool:

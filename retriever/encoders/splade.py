@@ -13,6 +13,7 @@ import scipy.sparse as sp
 
 from ragline.types import SparseVector
 from retriever.encoders.lazy import EncodeDtype, LazyModel, autocast, resolve_dtype
+from retriever.encoders.onnx_query import OnnxQuery, QueryRuntime, checked, splade_module
 from retriever.models import resolve_splade
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,13 @@ class SpladeEncoder(LazyModel):
         threads: int = 0,
         top_terms: int = 0,
         dtype: EncodeDtype = "float32",
+        query_runtime: QueryRuntime = "auto",
+        onnx_dir: Path | None = None,
     ) -> None:
         super().__init__(model, threads)
+        self.query_runtime: QueryRuntime = query_runtime
+        self.onnx_dir = onnx_dir or Path("var/models/onnx")
+        self._onnx: OnnxQuery | None = None
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self.top_terms = top_terms
@@ -96,17 +102,55 @@ class SpladeEncoder(LazyModel):
             matrix = _to_csr(tensor, len(texts), self.vocab_size)
         return prune_rows(matrix, self.top_terms) if self.top_terms > 0 else matrix
 
+    def _loaded(self) -> None:
+        if self._parts is None:
+            return
+        body, transform, decoder, activations = self._parts
+        self._onnx = checked(
+            lambda: OnnxQuery(
+                splade_module(body, transform, decoder, activations),
+                "splade",
+                self.model_id,
+                self.onnx_dir,
+                self.threads,
+            ),
+            self.query_runtime,
+            self._token_ids,
+            lambda text: self._torch_row(text).toarray()[0],
+            dense=False,
+            what=f"SPLADE model {self.model_id}",
+        )
+
+    @property
+    def query_path(self) -> str:
+        """What encodes queries: ``onnx`` or ``torch``."""
+        self.model  # noqa: B018 (loads it: the path is chosen then)
+        return "onnx" if self._onnx is not None else "torch"
+
+    def _token_ids(self, text: str) -> list[int]:
+        tokens = self.model.tokenizer(text, truncation=True, max_length=self.model.max_seq_length)
+        return list(tokens["input_ids"])
+
     def encode_query(self, text: str) -> SparseVector:
-        model = self.model
-        if self._parts is not None:
-            row = self._encode_max_pooled([text], "float32")
-        else:
-            tensor = model.encode_query([text], convert_to_sparse_tensor=True)
-            row = _to_csr(tensor, 1, self.vocab_size)
+        self.model  # noqa: B018 (loads it, and with it the ONNX graph, once)
+        if self._onnx is not None:
+            weights = self._onnx(self._token_ids(text))
+            (indices,) = np.nonzero(weights)
+            return SparseVector(
+                indices=tuple(int(i) for i in indices),
+                values=tuple(float(v) for v in weights[indices]),
+            )
+        row = self._torch_row(text)
         return SparseVector(
             indices=tuple(int(i) for i in row.indices),
             values=tuple(float(v) for v in row.data),
         )
+
+    def _torch_row(self, text: str) -> sp.csr_matrix:
+        if self._parts is not None:
+            return self._encode_max_pooled([text], "float32")
+        tensor = self.model.encode_query([text], convert_to_sparse_tensor=True)
+        return _to_csr(tensor, 1, self.vocab_size)
 
     def _encode_max_pooled(self, texts: Sequence[str], dtype: str) -> sp.csr_matrix:
         """The shorter path (class docstring): the body per length-sorted batch, the

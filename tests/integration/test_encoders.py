@@ -3,11 +3,15 @@ the same vectors in float32, close ones in bfloat16."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from ragline.errors import FailedPrecondition
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.encoders.lazy import cpu_has_bf16, resolve_dtype
+from retriever.encoders.onnx_query import cache_key
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE
 
 pytestmark = pytest.mark.integration
@@ -76,3 +80,39 @@ def test_float32_is_what_a_cpu_without_bfloat16_gets() -> None:
     assert resolve_dtype("float32") == "float32"
     assert resolve_dtype("bfloat16") == "bfloat16"
     assert resolve_dtype("auto") == ("bfloat16" if cpu_has_bf16() else "float32")
+
+
+def test_queries_run_through_onnx_runtime_and_give_the_models_vectors(tmp_path: Path) -> None:
+    onnx_dense = DenseEncoder(PACKAGED_MINILM, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    onnx_sparse = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    torch_dense = DenseEncoder(PACKAGED_MINILM, threads=2, query_runtime="torch")
+    torch_sparse = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="torch")
+    assert (onnx_dense.query_path, onnx_sparse.query_path) == ("onnx", "onnx")
+    assert (torch_dense.query_path, torch_sparse.query_path) == ("torch", "torch")
+    assert sorted(p.name.split("-")[0] for p in tmp_path.glob("*.onnx")) == ["dense", "splade"]
+    long_query = "torque sensor calibration " * 200  # past the models' token limits
+    for query in [*QUERIES, long_query]:
+        assert float(onnx_dense.encode_query(query) @ torch_dense.encode_query(query)) > 0.9999
+        mine, want = onnx_sparse.encode_query(query), torch_sparse.encode_query(query)
+        assert mine.indices == want.indices
+        assert np.allclose(mine.values, want.values, atol=1e-4)
+    # a second encoder reuses the exported graph (no export: the file is not rewritten)
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.onnx")}
+    again = DenseEncoder(PACKAGED_MINILM, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    assert again.query_path == "onnx"
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.onnx")} == stamps
+
+
+def test_a_query_graph_that_is_not_the_model_never_serves(tmp_path: Path) -> None:
+    sparse = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    assert sparse.query_path == "onnx"
+    # the SPLADE graph where the dense one is expected: it loads and runs, but is not MiniLM
+    wrong = tmp_path / f"dense-{cache_key(PACKAGED_MINILM, 'dense')}.onnx"
+    wrong.write_bytes(next(tmp_path.glob("splade-*.onnx")).read_bytes())
+    auto = DenseEncoder(PACKAGED_MINILM, threads=2, query_runtime="auto", onnx_dir=tmp_path)
+    assert auto.query_path == "torch"  # refused, logged; queries still answered
+    assert auto.encode_query("torque sensor").shape == (384,)
+    wrong.write_bytes(b"not an onnx graph")
+    strict = DenseEncoder(PACKAGED_MINILM, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    with pytest.raises(FailedPrecondition, match="ONNX query path unavailable"):
+        strict.warm_up()

@@ -1,0 +1,192 @@
+"""Query encoding through ONNX Runtime: the same model, a third of the latency.
+
+A query is one short sequence: on 2 cores torch spends most of its ~10 ms (MiniLM) and ~6 ms
+(SPLADE) in per-operator work around small matrix products, which ONNX Runtime fuses and runs
+with kernels made for small shapes. The query path (the encoder's body, mean pooling and
+normalisation for the dense model; body, head, max over tokens and the relu-log activation for
+SPLADE) is exported once with PyTorch's ``torch.export``-based exporter (the TorchScript
+exporter did not reproduce transformers-5 BERT), cached on disk by a key of the model and the
+library versions, and used only when it gives the PyTorch model's own output on probe queries
+(otherwise the encoder keeps torch, with a warning). Documents stay on torch (batched, they are
+arithmetic-bound, and bfloat16 there is torch's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from ragline.errors import FailedPrecondition
+
+logger = logging.getLogger(__name__)
+
+QueryRuntime = Literal["auto", "onnx", "torch"]
+
+PROBES = (
+    "How do I read a fixed-width file?",
+    "Which environment variable sets the site profile location and what is its default?",
+    "x",
+)
+"""Queries every exported graph must reproduce before it serves (short, long, one token)."""
+DENSE_MIN_COSINE = 0.9999
+SPARSE_MAX_DIFF = 1e-3
+"""How close the exported graph must come to the PyTorch model on the probes."""
+
+
+def onnx_available() -> bool:
+    try:
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class OnnxQuery:
+    """One exported query graph: ``input_ids (1, n) → output (dim,)``, run by ONNX Runtime.
+
+    Args:
+        module: the torch module of the query path (taking ``input_ids``).
+        kind: what it computes, part of the cache key (``dense`` or ``splade``).
+        model_id: the model, part of the cache key.
+        cache_dir: where exported graphs are kept.
+        threads: ONNX Runtime's intra-op threads (0: its default).
+    """
+
+    def __init__(
+        self, module: Any, kind: str, model_id: str, cache_dir: Path, threads: int
+    ) -> None:
+        self.kind = kind
+        self.path = cache_dir / f"{kind}-{cache_key(model_id, kind)}.onnx"
+        if not self.path.exists():
+            self._export(module)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = max(threads, 0)
+        options.inter_op_num_threads = 1
+        # No spinning between calls: a server holds two such sessions beside torch, the event
+        # loop and gRPC's threads on a few cores; spinning workers starve them (measured: a
+        # query encoded 2-3x slower inside the server than alone).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._session = ort.InferenceSession(
+            str(self.path), options, providers=["CPUExecutionProvider"]
+        )
+
+    def _export(self, module: Any) -> None:
+        import torch
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        example = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]], dtype=torch.long)
+        length = torch.export.Dim("tokens", min=1, max=512)
+        logger.info("exporting the %s query path to %s (once)", self.kind, self.path)
+        program = torch.onnx.export(
+            module.eval(),
+            (example,),
+            dynamo=True,
+            dynamic_shapes={"input_ids": {1: length}},
+            input_names=["input_ids"],
+            output_names=["output"],
+            verbose=False,
+        )
+        if program is None:
+            raise RuntimeError("the exporter returned no program")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            program.save(str(tmp))
+            tmp.replace(self.path)  # atomic: a reader sees no graph or a whole one
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def __call__(self, input_ids: list[int]) -> np.ndarray:
+        ids = np.asarray([input_ids], dtype=np.int64)
+        return np.asarray(self._session.run(None, {"input_ids": ids})[0], dtype=np.float32)
+
+
+def cache_key(model_id: str, kind: str) -> str:
+    import onnxscript
+    import torch
+    import transformers
+
+    parts = (model_id, kind, torch.__version__, transformers.__version__, onnxscript.__version__)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def dense_module(body: Any) -> Any:
+    """MiniLM's query path: the body, mean pooling over the tokens, L2 normalisation."""
+    import torch
+
+    class DenseQuery(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = body
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones_like(input_ids)
+            states = self.body(input_ids=input_ids, attention_mask=mask).last_hidden_state[0]
+            return torch.nn.functional.normalize(states.mean(dim=0), dim=0)
+
+    return DenseQuery()
+
+
+def splade_module(body: Any, transform: Any, decoder: Any, activations: int) -> Any:
+    """SPLADE's query path: body, MLM head, the max over tokens, then relu and log1p."""
+    import torch
+
+    class SpladeQuery(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.transform, self.decoder = body, transform, decoder
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones_like(input_ids)
+            states = self.body(input_ids=input_ids, attention_mask=mask).last_hidden_state[0]
+            weights = torch.relu(self.decoder(self.transform(states)).max(dim=0).values)
+            for _ in range(activations):
+                weights = torch.log1p(weights)
+            return weights
+
+    return SpladeQuery()
+
+
+def checked(
+    build: Callable[[], OnnxQuery],
+    runtime: QueryRuntime,
+    tokens: Callable[[str], list[int]],
+    reference: Callable[[str], np.ndarray],
+    dense: bool,
+    what: str,
+) -> OnnxQuery | None:
+    """The exported query graph when ``runtime`` allows it and it reproduces ``reference``
+    (the PyTorch path) on :data:`PROBES`; else None (torch serves).
+
+    Raises:
+        FailedPrecondition: ``runtime="onnx"`` and the graph cannot be built or does not match.
+    """
+    if runtime == "torch" or (runtime == "auto" and not onnx_available()):
+        return None
+    try:
+        graph = build()
+        for probe in PROBES:
+            got, want = graph(tokens(probe)), reference(probe)
+            if dense:
+                ok = float(got @ want) >= DENSE_MIN_COSINE
+            else:
+                ok = got.shape == want.shape and float(np.abs(got - want).max()) <= SPARSE_MAX_DIFF
+            if not ok:
+                raise ValueError(f"the exported graph differs from the model on {probe!r}")
+    except Exception as exc:  # any failure of the exporter or the runtime: torch serves
+        if runtime == "onnx":
+            raise FailedPrecondition(f"{what}: ONNX query path unavailable: {exc}") from exc
+        logger.warning("%s: queries stay on torch (ONNX query path unavailable: %s)", what, exc)
+        return None
+    logger.info("%s: queries through ONNX Runtime (%s)", what, graph.path.name)
+    return graph
