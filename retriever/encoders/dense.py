@@ -12,13 +12,13 @@ import numpy as np
 
 from ragline.errors import FailedPrecondition
 from retriever.encoders.lazy import EncodeDtype, LazyModel, autocast, resolve_dtype
-from retriever.encoders.onnx_query import OnnxQuery, QueryRuntime, checked, dense_module
+from retriever.encoders.onnx_query import QueryGraphs, QueryRuntime, dense_module
 from retriever.models import resolve_dense
 
 logger = logging.getLogger(__name__)
 
 
-class DenseEncoder(LazyModel):
+class DenseEncoder(LazyModel, QueryGraphs):
     """Encodes passages and queries to unit-length float32 vectors.
 
     Light ``__init__``; :meth:`warm_up` loads the model. ``dtype="bfloat16"`` encodes passages
@@ -45,10 +45,8 @@ class DenseEncoder(LazyModel):
         self.device = device
         self.dtype = resolve_dtype(dtype)
         """What passages are encoded in (queries: always float32)."""
-        self.query_runtime: QueryRuntime = query_runtime if device == "cpu" else "torch"
-        self.onnx_dir = onnx_dir or Path("var/models/onnx")
+        self._init_query_graph(query_runtime if device == "cpu" else "torch", onnx_dir)
         self._mean_pooled = False
-        self._onnx: OnnxQuery | None = None
 
     def _load(self) -> Any:
         import torch
@@ -69,29 +67,9 @@ class DenseEncoder(LazyModel):
         return model
 
     def _loaded(self) -> None:
-        if not self._mean_pooled:
-            return
-        body = self._model[0].auto_model
-        self._onnx = checked(
-            lambda: OnnxQuery(
-                dense_module(body), "dense", self.model_id, self.onnx_dir, self.threads
-            ),
-            self.query_runtime,
-            self._token_ids,
-            self._torch_query,
-            dense=True,
-            what=f"dense model {self.model_id}",
-        )
-
-    @property
-    def query_path(self) -> str:
-        """What encodes queries: ``onnx`` or ``torch``."""
-        self.model  # noqa: B018 (loads it: the path is chosen then)
-        return "onnx" if self._onnx is not None else "torch"
-
-    def _token_ids(self, text: str) -> list[int]:
-        tokens = self.model.tokenizer(text, truncation=True, max_length=self.model.max_seq_length)
-        return list(tokens["input_ids"])
+        if self._mean_pooled:
+            body = self._model[0].auto_model
+            self._build_query_graph(lambda: dense_module(body), "dense", self._torch_query)
 
     @property
     def dim(self) -> int:

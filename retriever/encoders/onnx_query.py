@@ -190,3 +190,41 @@ def checked(
         return None
     logger.info("%s: queries through ONNX Runtime (%s)", what, graph.path.name)
     return graph
+
+
+class QueryGraphs:
+    """What an encoder (a :class:`~retriever.encoders.lazy.LazyModel` of a sentence-
+    transformers model) needs to serve its queries through an exported graph."""
+
+    model_id: str
+    threads: int
+    model: Any
+
+    def _init_query_graph(self, runtime: QueryRuntime, onnx_dir: Path | None) -> None:
+        self.query_runtime: QueryRuntime = runtime
+        self.onnx_dir = onnx_dir or Path("var/models/onnx")
+        self._onnx: OnnxQuery | None = None
+
+    def _build_query_graph(
+        self, module: Callable[[], Any], kind: str, reference: Callable[[str], np.ndarray]
+    ) -> None:
+        """Export (or load) and check the query graph; ``reference``: the torch query path."""
+        self._onnx = checked(
+            lambda: OnnxQuery(module(), kind, self.model_id, self.onnx_dir, self.threads),
+            self.query_runtime,
+            self._token_ids,
+            reference,
+            dense=kind == "dense",
+            what=f"{kind} model {self.model_id}",
+        )
+
+    @property
+    def query_path(self) -> str:
+        """What encodes queries: ``onnx`` or ``torch``."""
+        self.model  # noqa: B018 (loads it: the path is chosen then)
+        return "onnx" if self._onnx is not None else "torch"
+
+    def _token_ids(self, text: str) -> list[int]:
+        model = self.model
+        tokens = model.tokenizer(text, truncation=True, max_length=model.max_seq_length)
+        return list(tokens["input_ids"])

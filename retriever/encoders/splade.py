@@ -13,13 +13,13 @@ import scipy.sparse as sp
 
 from ragline.types import SparseVector
 from retriever.encoders.lazy import EncodeDtype, LazyModel, autocast, resolve_dtype
-from retriever.encoders.onnx_query import OnnxQuery, QueryRuntime, checked, splade_module
+from retriever.encoders.onnx_query import QueryGraphs, QueryRuntime, splade_module
 from retriever.models import resolve_splade
 
 logger = logging.getLogger(__name__)
 
 
-class SpladeEncoder(LazyModel):
+class SpladeEncoder(LazyModel, QueryGraphs):
     """Encodes documents to a CSR matrix and queries to :class:`SparseVector`.
 
     Light ``__init__``; :meth:`warm_up` loads the model.
@@ -47,9 +47,7 @@ class SpladeEncoder(LazyModel):
         onnx_dir: Path | None = None,
     ) -> None:
         super().__init__(model, threads)
-        self.query_runtime: QueryRuntime = query_runtime
-        self.onnx_dir = onnx_dir or Path("var/models/onnx")
-        self._onnx: OnnxQuery | None = None
+        self._init_query_graph(query_runtime, onnx_dir)
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self.top_terms = top_terms
@@ -105,31 +103,10 @@ class SpladeEncoder(LazyModel):
     def _loaded(self) -> None:
         if self._parts is None:
             return
-        body, transform, decoder, activations = self._parts
-        self._onnx = checked(
-            lambda: OnnxQuery(
-                splade_module(body, transform, decoder, activations),
-                "splade",
-                self.model_id,
-                self.onnx_dir,
-                self.threads,
-            ),
-            self.query_runtime,
-            self._token_ids,
-            lambda text: self._torch_row(text).toarray()[0],
-            dense=False,
-            what=f"SPLADE model {self.model_id}",
+        parts = self._parts
+        self._build_query_graph(
+            lambda: splade_module(*parts), "splade", lambda t: self._torch_row(t).toarray()[0]
         )
-
-    @property
-    def query_path(self) -> str:
-        """What encodes queries: ``onnx`` or ``torch``."""
-        self.model  # noqa: B018 (loads it: the path is chosen then)
-        return "onnx" if self._onnx is not None else "torch"
-
-    def _token_ids(self, text: str) -> list[int]:
-        tokens = self.model.tokenizer(text, truncation=True, max_length=self.model.max_seq_length)
-        return list(tokens["input_ids"])
 
     def encode_query(self, text: str) -> SparseVector:
         self.model  # noqa: B018 (loads it, and with it the ONNX graph, once)
