@@ -278,7 +278,6 @@ class Gateway:
         k: int = 0,
         options: dict | None = None,
         append: bool = False,
-        generation: int = 0,
     ) -> tuple[RetrievalResult, bool]:
         """The graph stage as its internal service exposes it: a ranking (``hits``) fused
         with what the graph path finds for ``query``, under the public bounds; ``k`` 0 = as
@@ -288,7 +287,7 @@ class Gateway:
         if self.graph is None:
             raise FailedPrecondition("the graph path is off on this server")
         search_options = replace(self.options(options), graph=True)
-        before = RetrievalResult(list(hits), False, generation)
+        before = RetrievalResult(list(hits), False, 0)  # the caller keeps its own generation
         return await self.graph.expand(text, before, k, search_options, append)
 
     # -- evidence ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import grpc
 from grpc_status import rpc_status
 
 from credibility.filter import Thresholded
+from generator.contract import Reason
 from ingest.batch import IngestReport
 from ragline import errors
 from ragline.types import Answer, Hit
@@ -269,7 +270,7 @@ class RemoteGenerator(StageClient):
         self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0
     ) -> AsyncIterator[str | Answer]:
         if not evidence:  # as the generator itself would: no call for no evidence
-            yield Answer.insufficient_info("no_evidence")
+            yield Answer.insufficient_info(Reason.NO_EVIDENCE)
             return
         request = stages_pb2.GenerateRequest(
             query=question, evidence=convert.hits_to_pb(evidence), max_new_tokens=max_new_tokens

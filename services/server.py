@@ -223,7 +223,6 @@ class RunningServer:
     """Role ``all``: the internal stage services' port, when configured."""
     tasks: list[asyncio.Task] = field(default_factory=list)
     metrics_endpoint: MetricsEndpoint | None = None
-    role: str = "all"
 
     @property
     def metrics(self) -> Metrics:
@@ -372,7 +371,6 @@ async def start_server(
         first.health,
         internal,
         metrics_endpoint=endpoint,
-        role=s.role,
     )
     index = next((p for p in gateway.stages() if isinstance(p, LocalIndex)), None)
     if index is not None and s.reload_interval_s > 0:
