@@ -27,6 +27,7 @@ from tqdm import tqdm
 from ingest.chunker import ChunkerConfig, chunk_pages
 from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf, utf8_name
 from ragline.errors import InvalidArgument, RaglineError
+from ragline.faults import failpoint
 from ragline.types import Chunk
 
 logger = logging.getLogger(__name__)
@@ -254,6 +255,7 @@ def _store(
     progress: Callable[[int], None] | None = None,
 ) -> FileResult:
     chunks = [replace(c, path=path) for c in parsed.chunks] if path else parsed.chunks
+    failpoint("ingest.parsed")
     try:
         sink.put(parsed.doc_id, parsed.content_hash, chunks, progress)
     except Exception as exc:  # the sink rolled back: this document fails, the batch goes on

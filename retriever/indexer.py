@@ -11,6 +11,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ragline.errors import FailedPrecondition
+from ragline.faults import failpoint
 from ragline.markdown import read_table
 from ragline.types import Chunk
 from retriever.backend import IndexBackend, IndexSchema, SearchView
@@ -82,6 +83,7 @@ class Indexer(Generic[B]):
         """
         check_utf8(chunks)  # before minutes of encoding, not after
         rows, vectors = self.encode(chunks, progress)
+        failpoint("ingest.encoded")
         if self.store.dense_missing:
             self.backfill_dense()
         self.store.put_encoded(doc_id, content_hash, chunks, rows, vectors)

@@ -24,6 +24,7 @@ when tombstones pass a share of it, or on demand.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -41,7 +42,15 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
-from ragline.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, named
+from ragline.errors import (
+    DataLoss,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    named,
+)
+from ragline.faults import failpoint
 from ragline.types import Chunk, SparseVector
 from retriever.backend import Filters, IndexSchema
 from retriever.hnsw import HnswIndex
@@ -50,6 +59,8 @@ from retriever.sparse_index import ExactSparseIndex, SparseIndex
 
 logger = logging.getLogger(__name__)
 
+# A full disk, a file-size limit, a quota: the write fails cleanly, the error says why.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 FORMAT_VERSION = 1
 KEEP_SNAPSHOTS = 2
 SparseBackend = Literal["exact", "seismic"]
@@ -641,14 +652,23 @@ class IndexStore:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             self._write_files(tmp, view)
+            failpoint("snapshot.written")
             shutil.rmtree(final, ignore_errors=True)  # a crashed writer's, never made current
             tmp.rename(final)
             _fsync(snapshots)
+            failpoint("snapshot.renamed")
             self._switch_current(name)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(final, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+                served = view.generation - 1
+                raise ResourceExhausted(
+                    f"no space left to write snapshot {name} in the index folder "
+                    f"({exc.strerror}); nothing changed, generation {served} is still served"
+                ) from exc
             raise
+        failpoint("snapshot.switched")
         self._after_switch(snapshots)
 
     def _write_files(self, folder: Path, view: IndexView) -> None:
