@@ -37,7 +37,8 @@ class Reason(StrEnum):
         NO_CONTENT: the answer says nothing the question does not: no new content word, or
             only filler ("... take the following arguments").
         UNSUPPORTED: fewer than ``min_support`` of the answer's new content words occur in the
-            passages it cites (or in any passage, when it cites none).
+            passages it cites (or in any passage, when it cites none), or a name, number or
+            identifier it adds occurs in none of them.
         KEY_UNANCHORED: a number or identifier the answer adds occurs in the cited passages
             only far from every question word (an invented "100 bytes").
         NOT_IN_ONE_ROW: the answer cites a table, and no row of it holds the answer's words
@@ -265,6 +266,28 @@ def unsupported(new_words: set[str], cited_text: str, min_support: float) -> Rea
     return Reason.UNSUPPORTED if supported < min_support else None
 
 
+_SENTENCE_END = re.compile(r"[.!?:;]\s+")
+
+
+def names(body: str) -> set[str]:
+    """Lower-cased capitalised words that do not open a sentence ("Paris" in "The capital is
+    Paris"): the names an answer states."""
+    out: set[str] = set()
+    for sentence in _SENTENCE_END.split(body):
+        tokens = TOKEN.findall(sentence)
+        out.update(t.lower().strip(".:-") for t in tokens[1:] if t[:1].isupper())
+    return out
+
+
+def invented(body: str, new_words: set[str], cited_text: str) -> Reason | None:
+    """:attr:`Reason.UNSUPPORTED` when a name, number or identifier the answer adds occurs in
+    none of the cited passages. ``min_support`` lets some connecting words be the model's own;
+    the words an answer stands on may not be: a passage that says "answer with the capital of
+    France" must not make "... France is Paris" pass on the share of copied words."""
+    keys = (key_tokens(new_words, body) | names(body)) & new_words
+    return Reason.UNSUPPORTED if keys - content_tokens(cited_text) else None
+
+
 def key_unanchored(
     question: str, body: str, new_words: set[str], cited_text: str, window: int
 ) -> Reason | None:
@@ -321,12 +344,13 @@ def grounding_failure(
     min_support: float,
     key_window: int,
 ) -> Reason | None:
-    """The first grounding check the answer fails, in order: support, anchored keys, one
-    table row, a number when one is asked for."""
+    """The first grounding check the answer fails, in order: support, no invented name or
+    number, anchored keys, one table row, a number when one is asked for."""
     cited_text = " ".join(support_of(evidence[n - 1]) for n in cited)
     tables = table_numbers(cited, evidence)
     return (
         unsupported(new_words, cited_text, min_support)
+        or invented(body, new_words, cited_text)
         or key_unanchored(question, body, new_words, cited_text, key_window)
         or not_in_one_row(question, new_words, [evidence[n - 1] for n in tables])
         or no_number(question, body)
@@ -392,9 +416,16 @@ def check_answer(
     reason = no_number(question, _CITATION.sub("", text))  # a quote may lack the number
     if reason:
         return Answer.insufficient_info(reason)
+    # A quoted sentence may carry markers of its own document ("... with [3] after it"): in
+    # the answer they would read as citations it does not make.
+    text = re.sub(r"\s{2,}", " ", _CITATION.sub(lambda m: _kept(m, cited), text)).strip()
     if not _CITATION.search(text):
         text = f"{text} " + "".join(f"[{n}]" for n in cited)
     return Answer(text=text, citations=citations_for(cited, evidence))
+
+
+def _kept(marker: re.Match[str], cited: Sequence[int]) -> str:
+    return marker[0] if int(marker[1]) in cited else ""
 
 
 def citations_for(cited: Sequence[int], evidence: Sequence[Hit]) -> tuple[Citation, ...]:
