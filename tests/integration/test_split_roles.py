@@ -14,14 +14,16 @@ from pathlib import Path
 import grpc
 import pytest
 import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ingest.batch import run_batch
 from ingest.chunker import ChunkerConfig
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from services.auth import bearer_metadata, new_token
-from services.cluster import ROLES, LocalCluster
+from services.cluster import ROLES, LocalCluster, RoleProcess
 from tests.conftest import MANUAL_PAGES, make_indexer, write_pdf
+from tests.reliability.conftest import LONG
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -310,3 +312,105 @@ async def test_a_secured_split_deployment_checks_tokens_on_every_hop(
             assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
         cluster.stop()
+
+
+# -- reliability: each stage frozen and killed under load --------------------------------
+FAULT_ROLES = ("retriever", "generator", "graph") if LONG else ("retriever", "generator")
+OK_OR_REFUSED = {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+async def _health(role: RoleProcess) -> str:
+    """The stage's own health as a prober sees it: its status, or the call's error code."""
+    async with grpc.aio.insecure_channel(role.address) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1.5
+            )
+            return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+        except grpc.aio.AioRpcError as exc:
+            return str(exc.code().name)
+
+
+async def _load(
+    stub: ragline_pb2_grpc.RaglineStub, deadline_s: float, calls: int = 8
+) -> list[tuple[grpc.StatusCode, float]]:
+    """``calls`` Retrieves and Answers at once, each with ``deadline_s``: (code, seconds)."""
+
+    async def one(n: int) -> tuple[grpc.StatusCode, float]:
+        started = time.monotonic()
+        try:
+            if n % 2:
+                await stub.Answer(ragline_pb2.AnswerRequest(query=QUESTION), timeout=deadline_s)
+            else:
+                query = f"{QUESTION} {n} {uuid.uuid4().hex[:6]}"  # a cache miss: the stages work
+                await stub.Retrieve(ragline_pb2.RetrieveRequest(query=query), timeout=deadline_s)
+            code = grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+        return code, time.monotonic() - started
+
+    return list(await asyncio.gather(*(one(n) for n in range(calls))))
+
+
+async def _healed(stub: ragline_pb2_grpc.RaglineStub) -> None:
+    for _ in range(60):
+        results = await _load(stub, 30.0, calls=2)
+        if all(code == grpc.StatusCode.OK for code, _ in results):
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"not healed: {results}")
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("role", FAULT_ROLES)
+async def test_a_stage_frozen_under_load_fails_calls_within_their_deadline(
+    cluster: LocalCluster, role: str
+) -> None:
+    stage, gateway = cluster[role], cluster["gateway"]
+    assert stage.process is not None and gateway.process is not None
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        stub = ragline_pb2_grpc.RaglineStub(channel)
+        await _healed(stub)
+        loaded = asyncio.ensure_future(_load(stub, 6.0))
+        await asyncio.sleep(0.05)
+        stage.process.send_signal(signal.SIGSTOP)
+        try:
+            results = await loaded
+            assert await _health(stage) == "DEADLINE_EXCEEDED"  # the prober sees it hang
+            after = await _load(stub, 6.0)
+        finally:
+            stage.process.send_signal(signal.SIGCONT)
+        for code, took in results + after:
+            assert code in OK_OR_REFUSED and took < 6.0 + 1.0, (role, code, took)
+        assert any(code != grpc.StatusCode.OK for code, _ in after), (role, after)
+        assert await _health(stage) == "SERVING"
+        await _healed(stub)  # nothing restarted
+    assert gateway.process.poll() is None
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("role", FAULT_ROLES)
+async def test_a_stage_killed_under_load_fails_fast_and_a_restart_heals(
+    cluster: LocalCluster, role: str
+) -> None:
+    stage, gateway = cluster[role], cluster["gateway"]
+    assert stage.process is not None and gateway.process is not None
+    gateway_pid = gateway.process.pid
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        stub = ragline_pb2_grpc.RaglineStub(channel)
+        await _healed(stub)
+        loaded = asyncio.ensure_future(_load(stub, 10.0))
+        await asyncio.sleep(0.05)
+        stage.process.kill()
+        await asyncio.to_thread(stage.process.wait)
+        results = await loaded
+        assert await _health(stage) == "UNAVAILABLE"
+        after = await _load(stub, 10.0)
+        for code, took in results + after:
+            assert code in OK_OR_REFUSED and took < 10.0 + 1.0, (role, code, took)
+        assert any(code == grpc.StatusCode.UNAVAILABLE for code, _ in after), (role, after)
+        stage.start()  # the same port: the gateway's channel reconnects by itself
+        await stage.wait_serving()
+        assert await _health(stage) == "SERVING"
+        await _healed(stub)
+    assert gateway.process.poll() is None and gateway.process.pid == gateway_pid
