@@ -7,7 +7,7 @@ CORPUS ?= data/corpus
 PORT ?= 50051
 QUESTIONS ?= data/credibility/*.jsonl
 
-.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security bench-load cluster clean
+.PHONY: run test setup redis corpus ingest credibility serve lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security bench-load bench-soak reliability cluster clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~5 min), serve on :$(PORT)
@@ -104,6 +104,19 @@ bench-security: setup redis
 ##      (1/8/32/128 callers, cache hits and misses), what each hop adds, /metrics while loaded
 bench-load: setup redis
 	$(BIN)/python bench/load.py
+
+## bench-soak: mixed Retrieve/Answer/Ingest load for DURATION s (default 120): p50/p95/p99,
+##      errors by code, RSS and fds over time, Redis memory, the knee of a caller ramp
+DURATION ?= 120
+bench-soak: setup redis
+	$(BIN)/python bench/soak.py --duration $(DURATION)
+
+## reliability: the long form of the reliability tier (tests/reliability and the stage
+##      faults; their short form runs in `make test`): 20 kill -9 runs each way, 3,000 fuzzed
+##      PDFs, 3,000 fuzzed requests, every stage frozen and killed, then a ten-minute soak
+reliability: setup redis
+	RAGLINE_RELIABILITY=long $(BIN)/python -m pytest -q -m reliability
+	$(BIN)/python bench/soak.py --duration 600 --out bench/out/soak-long.json
 
 ## cluster: the split deployment on this machine (every role its own process, gateway :$(PORT))
 cluster: setup redis
