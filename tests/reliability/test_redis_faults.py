@@ -168,6 +168,9 @@ async def test_a_full_redis_serves_uncached_and_recovers(beside, own_redis) -> N
     except redis.exceptions.OutOfMemoryError:
         pass
     assert filled > 0
+    # Full for good: at the 2 MB mark, freed buffers can let a small write slip in again;
+    # a limit far under what it holds refuses every write (noeviction).
+    admin.config_set("maxmemory", "1")
     before = await counters(stub)
     for attempt in range(3):
         reply, _ = await retrieve(stub, "Where is the site configuration file?")
