@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
-from bench.retrieval import percentile, print_table  # noqa: E402
+from bench.report import percentile, print_table  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
 

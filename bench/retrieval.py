@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from bench import synthetic_dense, synthetic_sparse  # noqa: E402
+from bench.report import percentile, print_table  # noqa: E402
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from retriever.encoders import prune_rows  # noqa: E402
 from retriever.indexer import Indexer  # noqa: E402
@@ -42,11 +43,6 @@ from services.server import start_server  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
 MODES = ("sparse", "dense", "hybrid")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def load_questions(path: Path, limit: int) -> list[str]:
@@ -181,17 +177,6 @@ async def bench_rpc(settings: Settings, questions: list[str], k: int) -> dict[st
         "retriever_hit_p50_ms": round(percentile(at_retriever, 0.5), 3),
         "cache_hits": f"{hits_ok}/{len(hit)}",
     }
-
-
-def print_table(title: str, rows: list[dict]) -> None:
-    if not rows:
-        return
-    print(f"\n{title}")
-    columns = list(dict.fromkeys(c for row in rows for c in row))
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for row in rows:
-        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))
 
 
 async def main() -> int:

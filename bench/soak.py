@@ -73,6 +73,7 @@ import redis  # noqa: E402
 from google.rpc import error_details_pb2  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
 
+from bench.report import percentile, print_table  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
 
@@ -218,14 +219,6 @@ def load_questions(path: Path) -> list[str]:
 
 
 # -- recording --------------------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest rank, as the other benches compute it (bench/retrieval.py)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 @dataclass
 class Stats:
     """One RPC kind's calls in one phase: what was sent, and each outcome with its time."""
@@ -790,18 +783,6 @@ def find_knee(levels: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 # -- report -----------------------------------------------------------------------------------
-def print_table(title: str, rows: Sequence[dict[str, Any]]) -> None:
-    """Columns padded to their widest cell, as the other benches print them."""
-    if not rows:
-        return
-    print(f"\n{title}")
-    columns = list(dict.fromkeys(c for row in rows for c in row))
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for row in rows:
-        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))
-
-
 def _codes(codes: dict[str, int]) -> str:
     return ", ".join(f"{c} {n}" for c, n in sorted(codes.items())) or "-"
 

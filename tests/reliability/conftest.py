@@ -8,6 +8,7 @@ fuzz inputs, and ``bench/soak.py`` for ten minutes."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,13 @@ LONG = os.environ.get("RAGLINE_RELIABILITY", "short").strip().lower() == "long"
 def scale(short: int, long: int) -> int:
     """How many runs or inputs a test tries: ``short`` by default, ``long`` in the long form."""
     return long if LONG else short
+
+
+def leftovers(index_dir: Path) -> list[str]:
+    """What an interrupted write left in an index folder: temporary snapshot folders and
+    ``CURRENT`` pointer files (the store removes them when it next loads)."""
+    names = [p.name for p in (index_dir / "snapshots").iterdir() if p.name.startswith(".tmp")]
+    return names + [p.name for p in index_dir.iterdir() if p.name.startswith(".CURRENT.tmp")]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -21,6 +21,7 @@ from ingest.chunker import ChunkerConfig
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.search import SearchOptions
 from tests.conftest import ROOT, make_indexer, retriever_for, write_pdf
+from tests.reliability.conftest import leftovers
 
 pytestmark = pytest.mark.integration
 
@@ -34,11 +35,6 @@ def pdfs(folder: Path, count: int) -> list[Path]:
         write_pdf(folder / f"pontoon-{n}.pdf", [MORE.format(n=n), MORE.format(n=n + 50)])
         for n in range(count)
     ]
-
-
-def leftovers(index_dir: Path) -> list[str]:
-    names = [p.name for p in (index_dir / "snapshots").iterdir() if p.name.startswith(".tmp")]
-    return names + [p.name for p in index_dir.iterdir() if p.name.startswith(".CURRENT.tmp")]
 
 
 @pytest.fixture

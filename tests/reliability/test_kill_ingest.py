@@ -30,7 +30,7 @@ from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.store import _read_manifest
 from services.cluster import RoleProcess, free_port
 from tests.conftest import ROOT, make_indexer, write_pdf
-from tests.reliability.conftest import scale
+from tests.reliability.conftest import leftovers, scale
 
 pytestmark = pytest.mark.integration
 
@@ -97,9 +97,8 @@ def check_index(index_dir: Path, corpus: Corpus, complete: bool) -> int:
     assert set(manifest["documents"]) == set(by_doc)
     if complete:
         assert set(by_doc) == set(corpus.expected), "a document was lost"
-        leftovers = [p.name for p in snapshots.iterdir() if p.name.startswith(".tmp")]
-        leftovers += [p.name for p in index_dir.iterdir() if p.name.startswith(".CURRENT.tmp")]
-        assert not leftovers, f"temporary files left: {leftovers}"
+        left = leftovers(index_dir)
+        assert not left, f"temporary files left: {left}"
     return len(by_doc)
 
 
