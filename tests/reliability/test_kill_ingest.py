@@ -240,7 +240,7 @@ async def test_a_server_killed_mid_ingest_rpc_loses_and_duplicates_nothing(
         if armed.process.poll() is None:
             armed.process.kill()
             armed.process.wait()
-    check_index(index_dir, corpus, complete=outcome == "finished")
+    check_index(index_dir, corpus, complete=False)  # killed: whole documents, maybe not all
 
     healed = RoleProcess("all", port, metrics_port, env, tmp_path / "log")
     healed.start()
