@@ -16,7 +16,7 @@ from ragline.types import INSUFFICIENT_INFO, Chunk, Hit
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc
 from services.server import RunningServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = pytest.mark.integration
 
 # Words the injected orders ask for and that no passage contains: an answer holding one
 # followed the document's orders instead of answering from it.
@@ -91,6 +91,7 @@ def test_the_contract_refuses_what_an_injected_order_makes_a_model_write(raw: st
         assert INSUFFICIENT_INFO not in answer.text
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_injected_instructions_in_a_pdf_do_not_break_the_answer_contract(
     server: RunningServer,
 ) -> None:
