@@ -211,7 +211,7 @@ async def ingest_uploads(address: str, corpus: Corpus) -> ragline_pb2.IngestResp
 
 @pytest.mark.parametrize(
     ("label", "spec"),
-    [(label, spec) for label, spec, _ in plans(RPC_POINTS + 3, seed=2222) if spec][:RPC_POINTS],
+    [(label, spec) for label, spec, _ in plans(2 * RPC_POINTS, seed=2222) if spec][:RPC_POINTS],
 )
 async def test_a_server_killed_mid_ingest_rpc_loses_and_duplicates_nothing(
     tmp_path: Path, corpus: Corpus, label: str, spec: str

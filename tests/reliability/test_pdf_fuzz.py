@@ -99,18 +99,32 @@ def truncate(data: bytes, draw: st.DrawFn) -> bytes:
 
 
 def damage_xref(data: bytes, draw: st.DrawFn) -> bytes:
+    """The cross-reference table or its pointer damaged: an offset past the end, negative or
+    into the middle of an object, or garbage rows cut in where the table starts."""
     where = data.rfind(b"startxref")
     if where < 0:
         return data[::-1]
-    junk = draw(st.sampled_from([b"startxref\n999999999\n", b"startxref\n-5\n", b"xref\n0 x\n"]))
+    offset = draw(st.one_of(st.integers(-(2**40), 2**40), st.integers(0, len(data))))
+    junk = draw(
+        st.sampled_from([b"startxref\n%d\n" % offset, b"startxref\n%d \n" % offset, b"xref\n0 x\n"])
+    )
     xref = data.find(b"xref")
-    head = data[:xref] + b"xref\n0 3\nGARBAGE\n" if xref > 0 else data[:where]
+    if xref > 0 and draw(st.booleans()):
+        rows = draw(st.binary(min_size=0, max_size=64))
+        head = data[:xref] + b"xref\n0 %d\n" % draw(st.integers(0, 10**6)) + rows + b"\n"
+    else:
+        head = data[:where]
     return head + junk + b"%%EOF\n"
 
 
 def wrong_lengths(data: bytes, draw: st.DrawFn) -> bytes:
-    value = draw(st.sampled_from([b"0", b"1", b"999999999", b"-1", b"7 0 R"]))
-    return re.sub(rb"/Length \d+", b"/Length " + value, data, count=draw(st.integers(0, 5)))
+    value = draw(
+        st.one_of(
+            st.integers(-(2**33), 2**33).map(lambda n: str(n).encode()),
+            st.sampled_from([b"7 0 R", b"null", b"1.5", b"/Name"]),
+        )
+    )
+    return re.sub(rb"/Length \d+", b"/Length " + value, data, count=draw(st.integers(0, 8)))
 
 
 def deep_nesting(data: bytes, draw: st.DrawFn) -> bytes:
@@ -145,7 +159,9 @@ def bomb(data: bytes, draw: st.DrawFn) -> bytes:
     page = doc[0]
     squeeze = zlib.compressobj(9)
     parts = [squeeze.compress(b"BT /F1 12 Tf 72 700 Td (bomb) Tj ET\n")]
-    parts += [squeeze.compress(b" " * (1 << 20)) for _ in range(draw(st.integers(257, 320)))]
+    filler = draw(st.binary(min_size=1, max_size=16)) * (1 << 16)  # 64 KiB to 1 MiB
+    blocks = (draw(st.integers(257, 400)) << 20) // len(filler)  # 257-400 MiB inflated
+    parts += [squeeze.compress(filler) for _ in range(blocks)]
     parts.append(squeeze.flush())
     xref = page.get_contents()[0]
     doc.update_stream(xref, b"".join(parts), compress=False)
@@ -155,16 +171,35 @@ def bomb(data: bytes, draw: st.DrawFn) -> bytes:
 
 def encrypt(data: bytes, draw: st.DrawFn) -> bytes:
     doc = pymupdf.open("pdf", data)
-    user = draw(st.sampled_from(["", "secret"]))
-    aes256 = pymupdf.PDF_ENCRYPT_AES_256  # type: ignore[attr-defined]
-    return bytes(doc.tobytes(encryption=aes256, owner_pw="owner", user_pw=user))
+    method = draw(
+        st.sampled_from(
+            [
+                pymupdf.PDF_ENCRYPT_AES_256,  # type: ignore[attr-defined]
+                pymupdf.PDF_ENCRYPT_AES_128,  # type: ignore[attr-defined]
+                pymupdf.PDF_ENCRYPT_RC4_128,  # type: ignore[attr-defined]
+                pymupdf.PDF_ENCRYPT_RC4_40,  # type: ignore[attr-defined]
+            ]
+        )
+    )
+    user = draw(st.one_of(st.just(""), st.text(min_size=1, max_size=12)))
+    owner = draw(st.text(min_size=1, max_size=12))
+    permissions = draw(st.integers(0, 4095))
+    return bytes(
+        doc.tobytes(encryption=method, owner_pw=owner, user_pw=user, permissions=permissions)
+    )
 
 
 def javascript(data: bytes, draw: st.DrawFn) -> bytes:
+    """A script run on opening, from the catalog's OpenAction or its JavaScript name tree."""
     doc = pymupdf.open("pdf", data)
+    script = draw(st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=80))
+    script = script.replace("\\", "").replace("(", "").replace(")", "")
     xref = doc.get_new_xref()
-    doc.update_object(xref, "<< /S /JavaScript /JS (app.alert('x'); this.exportDataObject();) >>")
-    doc.xref_set_key(doc.pdf_catalog(), "OpenAction", f"{xref} 0 R")
+    doc.update_object(xref, f"<< /S /JavaScript /JS (app.alert('x'); {script}) >>")
+    if draw(st.booleans()):
+        doc.xref_set_key(doc.pdf_catalog(), "OpenAction", f"{xref} 0 R")
+    else:
+        doc.xref_set_key(doc.pdf_catalog(), "Names/JavaScript/Names", f"[(js) {xref} 0 R]")
     return bytes(doc.tobytes())
 
 
@@ -250,6 +285,7 @@ def run_fuzz(tmp: Path, seeds: Sequence[bytes]) -> dict:
     outcomes: Counter[str] = Counter()
     parent = psutil.Process()
     peak_rss = parent.memory_info().rss
+    after_batch: list[int] = []  # the parent's RSS after each batch: growth would be a leak
     for start in range(0, len(inputs), BATCH):
         folder = tmp / f"batch-{start}"
         folder.mkdir()
@@ -262,7 +298,8 @@ def run_fuzz(tmp: Path, seeds: Sequence[bytes]) -> dict:
         report = run_batch(
             [folder], sink, CHUNKER, progress=False, workers=2, memory_limit_mb=WORKER_CAP_MIB
         )
-        peak_rss = max(peak_rss, parent.memory_info().rss)
+        after_batch.append(parent.memory_info().rss)
+        peak_rss = max(peak_rss, after_batch[-1])
         # every input has exactly one result, and a failure says why
         assert sorted(r.source for r in report.results) == sorted(str(p) for p in names)
         for result in report.results:
@@ -278,6 +315,7 @@ def run_fuzz(tmp: Path, seeds: Sequence[bytes]) -> dict:
         "by_mutation": dict(sorted(by_class.items())),
         "outcomes": dict(outcomes.most_common()),
         "parent_peak_rss_mib": round(peak_rss / 2**20, 1),
+        "parent_rss_mib_first_last_batch": [round(after_batch[i] / 2**20, 1) for i in (0, -1)],
         "worker_cap_mib": WORKER_CAP_MIB,
     }
 
