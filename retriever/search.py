@@ -113,6 +113,9 @@ class Retriever:
         self.query_encoder = query_encoder
         self._inflight: dict[str, asyncio.Future[RetrievalResult]] = {}
         self.singleflight_joins = 0
+        self._swept_generation = 0
+        """The newest generation whose older cache entries a sweep was started for."""
+        self._sweeps: set[asyncio.Task[int]] = set()
 
     def counters(self) -> dict[str, float]:
         """The cache's lookups by outcome and the singleflight joins, since start."""
@@ -124,12 +127,27 @@ class Retriever:
                 "ragline_cache_misses_total": stats.misses,
                 "ragline_cache_errors_total": stats.errors,
                 "ragline_cache_skipped_total": stats.skipped,
+                "ragline_cache_swept_total": stats.swept,
             }
         return out
 
     async def close(self) -> None:
+        for task in list(self._sweeps):
+            task.cancel()
+        if self._sweeps:
+            await asyncio.gather(*self._sweeps, return_exceptions=True)
         if self.cache is not None:
             await self.cache.close()
+
+    def _sweep_older(self, generation: int) -> None:
+        """The first request to see a newer index generation starts, in the background, the
+        deletion of the cache entries older generations left (they can never be read again)."""
+        if self.cache is None or generation <= self._swept_generation:
+            return
+        self._swept_generation = generation
+        task = asyncio.get_running_loop().create_task(self.cache.drop_older(generation))
+        self._sweeps.add(task)
+        task.add_done_callback(self._sweeps.discard)
 
     def model_ids(self) -> str:
         sparse = self.sparse.model_id + ("+idf-query" if self.query_encoder == "idf" else "")
@@ -166,6 +184,7 @@ class Retriever:
         if not use_cache:
             return await self._compute(view, query, k, options, allowed, {})
         assert self.cache is not None
+        self._sweep_older(view.generation)
         key = self.cache.key(
             query,
             k=k,

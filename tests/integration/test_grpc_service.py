@@ -254,3 +254,31 @@ async def test_a_retrieval_only_server_leaves_the_generator_to_its_first_answer(
         assert isinstance(backend, TransformersBackend) and backend._model is None
     finally:
         await running.stop(0)
+
+
+async def test_a_new_generation_sweeps_the_cache_entries_of_older_ones(  # type: ignore[no-untyped-def]
+    server: RunningServer, channel, tmp_path: Path, redis_url: str
+) -> None:
+    import asyncio
+
+    import redis
+
+    cache = server.gateway.retriever.cache  # type: ignore[attr-defined]
+    client = redis.Redis.from_url(redis_url)
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    before = await stub.Retrieve(ragline_pb2.RetrieveRequest(query="quokka feeding times"))
+    old = f"{cache.prefix}g{before.index_generation}:"
+    assert client.keys(old + "*")  # this generation's entry is cached
+    pdf = write_pdf(tmp_path / "quokka-care.pdf", ["Quokkas are fed at dawn and dusk."])
+    ingested = await stub.Ingest(ragline_pb2.IngestRequest(paths=[str(pdf)]), timeout=60)
+    assert ingested.index_generation > before.index_generation
+    after = await stub.Retrieve(ragline_pb2.RetrieveRequest(query="quokka feeding times"))
+    assert after.index_generation == ingested.index_generation
+    assert after.hits[0].chunk.doc_id == "quokka-care"
+    for _ in range(100):  # the sweep runs beside the request
+        if not client.keys(old + "*"):
+            break
+        await asyncio.sleep(0.05)
+    assert not client.keys(old + "*")
+    assert client.keys(f"{cache.prefix}g{after.index_generation}:*")
+    await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="quokka-care"), timeout=30)

@@ -51,7 +51,7 @@ def test_cache_key_normalises_and_includes_generation() -> None:
     assert cache.key("q", **hybrid) != cache.key("q", **other_filter)
     cased = {**args, "casefold": False}
     assert cache.key("Read", **cased) != cache.key("read", **cased)
-    assert cache.key("q", **args).startswith("ragline:q:")
+    assert cache.key("q", **args).startswith("ragline:q:g3:")  # generation in the name: sweepable
 
 
 def test_normalize_query_uses_nfkc() -> None:
