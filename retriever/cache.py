@@ -142,7 +142,8 @@ class QueryCache:
         lock), so replicas sharing the cache do not repeat it. Never raises: a failed sweep is
         logged and leaves the rest to the TTL. Indexes that share one Redis need their own
         prefixes (``RAGLINE_CACHE_KEY_PREFIX``), as their generations are not comparable."""
-        if not self._available() or generation <= 0:
+        # not _available(): that counts skipped lookups, and a sweep is none
+        if not self.enabled or time.monotonic() < self._down_until or generation <= 0:
             return 0
         client = self._redis()
         dropped = 0

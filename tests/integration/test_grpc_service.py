@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
 import pytest
+import redis
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -259,10 +261,6 @@ async def test_a_retrieval_only_server_leaves_the_generator_to_its_first_answer(
 async def test_a_new_generation_sweeps_the_cache_entries_of_older_ones(  # type: ignore[no-untyped-def]
     server: RunningServer, channel, tmp_path: Path, redis_url: str
 ) -> None:
-    import asyncio
-
-    import redis
-
     cache = server.gateway.retriever.cache  # type: ignore[attr-defined]
     client = redis.Redis.from_url(redis_url)
     stub = ragline_pb2_grpc.RaglineStub(channel)
