@@ -62,6 +62,7 @@ def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | No
         DenseEncoder(
             r.dense_model,
             batch_size=r.batch_size,
+            max_seq_length=r.dense_max_seq_length,
             threads=threads,
             device=r.dense_device,
             dtype=r.encode_dtype,

@@ -31,7 +31,9 @@ def test_splade_max_before_activation_gives_sentence_transformers_weights(
     encoder: SpladeEncoder,
 ) -> None:
     assert encoder._parts is not None  # the packaged SPLADE takes the shorter path
-    ours = encoder.encode_documents(PASSAGES)
+    on_torch = SpladeEncoder(PACKAGED_SPLADE, batch_size=4, query_runtime="torch")
+    on_torch._model, on_torch._parts = encoder.model, encoder._parts  # same weights, loaded
+    ours = on_torch.encode_documents(PASSAGES)
     theirs = encoder.model.encode_document(PASSAGES, convert_to_sparse_tensor=True)
     reference = theirs.to_dense().numpy()
     assert ours.shape == reference.shape == (len(PASSAGES), encoder.vocab_size)
@@ -116,3 +118,29 @@ def test_a_query_graph_that_is_not_the_model_never_serves(tmp_path: Path) -> Non
     strict = DenseEncoder(PACKAGED_MINILM, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
     with pytest.raises(FailedPrecondition, match="ONNX query path unavailable"):
         strict.warm_up()
+
+
+def test_float32_splade_documents_run_through_the_query_graph_with_the_same_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    on_torch = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="torch")
+    assert graph.dtype == "float32" and graph.query_path == "onnx"
+    calls: list[int] = []
+    session = graph._onnx
+    assert session is not None
+
+    bulk = session.bulk
+
+    def counted(ids: list[int]) -> np.ndarray:
+        calls.append(len(ids))
+        return bulk(ids)
+
+    monkeypatch.setattr(session, "bulk", counted)  # a spy: the real graph still runs
+    mine = graph.encode_documents(PASSAGES).toarray()
+    want = on_torch.encode_documents(PASSAGES).toarray()
+    assert len(calls) == len(PASSAGES)  # one graph run per passage, none on torch
+    assert max(calls) == 512  # the long passage cut at SPLADE's limit, as torch cuts it
+    assert mine.shape == want.shape and np.abs(mine - want).max() < 1e-4
+    for a, b in zip(mine, want, strict=True):
+        assert set(np.flatnonzero(a > 1e-3)) == set(np.flatnonzero(b > 1e-3))

@@ -8,6 +8,7 @@ from google.rpc import error_details_pb2, status_pb2
 from pydantic import ValidationError
 
 from ragline.errors import InvalidArgument, Unavailable
+from services.build import build_encoders
 from services.cli import build_parser
 from services.interceptors import to_status
 from services.settings import CacheSettings, RetrieverSettings, Settings
@@ -29,6 +30,17 @@ def test_settings_defaults_match_the_design() -> None:
 
 def test_settings_reject_out_of_range_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAGLINE_RETRIEVER_BATCH_SIZE", "0")
+    with pytest.raises(ValidationError):
+        RetrieverSettings()
+
+
+def test_the_dense_token_limit_reaches_the_dense_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGLINE_RETRIEVER_DENSE_MAX_SEQ_LENGTH", "128")
+    sparse, dense = build_encoders(Settings())
+    assert dense is not None and dense.max_seq_length == 128
+    assert sparse.max_seq_length == 512  # SPLADE keeps its own limit
+    assert not (sparse.loaded or dense.loaded)  # building them loads nothing
+    monkeypatch.setenv("RAGLINE_RETRIEVER_DENSE_MAX_SEQ_LENGTH", "1024")
     with pytest.raises(ValidationError):
         RetrieverSettings()
 
