@@ -60,6 +60,13 @@ class SearchView(Protocol):
         ...
 
     @property
+    def snapshot_id(self) -> str:
+        """Which write made this generation (cache keys carry it too: two indexes that share
+        a Redis and a key prefix and reach the same generation by different writes never
+        read each other's rankings)."""
+        ...
+
+    @property
     def has_dense(self) -> bool: ...
 
     def count(self) -> int:

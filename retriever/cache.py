@@ -71,17 +71,21 @@ class QueryCache:
         model_id: str,
         casefold: bool,
         options: dict[str, Any] | None = None,
+        snapshot: str = "",
     ) -> str:
         """The hash of everything that decides the ranking: normalised query, k, the search
-        options (mode, fusion, weights, filters), the model ids and the index generation."""
+        options (mode, fusion, weights, filters), the model ids, the index generation and
+        the write that made it (``snapshot``: a copied index that diverged reaches the same
+        generation with other content)."""
         payload = json.dumps(
             {
                 "q": normalize_query(query, casefold),
                 "k": k,
                 "gen": generation,
+                "snap": snapshot,
                 "model": model_id,
                 "opt": options or {},
-                "v": 2,
+                "v": 3,
             },
             sort_keys=True,
         )

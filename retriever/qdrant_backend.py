@@ -78,15 +78,27 @@ def _dot(query: SparseVector, indices: Sequence[int], values: Sequence[float]) -
 class QdrantView:
     """A request's read of the collection at one generation (see the module docstring)."""
 
-    def __init__(self, backend: QdrantBackend, generation: int, size: int, has_dense: bool) -> None:
+    def __init__(
+        self,
+        backend: QdrantBackend,
+        generation: int,
+        size: int,
+        has_dense: bool,
+        snapshot_id: str = "",
+    ) -> None:
         self._backend = backend
         self._generation = generation
         self._size = size
         self._has_dense = has_dense
+        self._snapshot_id = snapshot_id
 
     @property
     def generation(self) -> int:
         return self._generation
+
+    @property
+    def snapshot_id(self) -> str:
+        return self._snapshot_id
 
     @property
     def has_dense(self) -> bool:
@@ -421,7 +433,9 @@ class QdrantBackend:
 
     def _bump(self, **changes: Any) -> None:
         generation = int(self._read_meta().get("generation", 0)) + 1
-        self.transport.update_metadata({"generation": generation, **changes})
+        self.transport.update_metadata(
+            {"generation": generation, "write_id": uuid.uuid4().hex, **changes}
+        )
         self._meta = self._read_meta()
         self._view = self._new_view(generation)
 
@@ -432,7 +446,9 @@ class QdrantBackend:
         has_dense = self.dense_enabled and (
             size == 0 or self._meta.get("dense_model_id") == self.schema.dense_model_id
         )
-        return QdrantView(self, generation, size, has_dense)
+        # which write made this generation; a collection written before write ids: its name
+        snapshot_id = str(self._meta.get("write_id") or f"collection:{self.collection}")
+        return QdrantView(self, generation, size, has_dense, snapshot_id)
 
     def _count(self) -> int:
         return self.transport.count() if self.transport.exists() else 0

@@ -189,6 +189,7 @@ class Retriever:
             query,
             k=k,
             generation=view.generation,
+            snapshot=view.snapshot_id,
             model_id=self.model_ids(),
             casefold=self.sparse.uncased,
             options=options.cache_part(),

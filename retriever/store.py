@@ -33,6 +33,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -132,6 +133,9 @@ class IndexView:
     """doc_codes[row] = doc_code[doc id of that row]: filters become one vectorised mask."""
     kinds: np.ndarray
     collections: np.ndarray
+    snapshot_id: str = ""
+    """Which write made this generation (random per commit, kept in the manifest): two
+    copies of an index that diverged at the same generation never share cached rankings."""
 
     def doc_freq(self) -> np.ndarray:
         """Passages per vocabulary term (for inference-free IDF query weights)."""
@@ -295,23 +299,24 @@ class IndexStore:
         current = self.index_dir / "CURRENT"
         if not current.exists():
             self._docs, self._hnsw, self._next_slot = {}, None, 0
-            self._publish(generation=0)
+            self._publish(generation=0, snapshot_id="")
             self._stale = False
             return self.view
         snap = self.index_dir / "snapshots" / current.read_text().strip()
-        docs, hnsw, next_slot, generation = self._read_snapshot(snap)
+        docs, hnsw, next_slot, generation, snapshot_id = self._read_snapshot(snap)
         # Assigned together once all is read: a snapshot that fails to load changes nothing.
         self._docs, self._hnsw, self._next_slot = docs, hnsw, next_slot
-        self._publish(generation)
+        self._publish(generation, snapshot_id)
         self._stale = False
         logger.info(
             "loaded index generation %d: %d chunks", self.view.generation, len(self.view.chunks)
         )
         return self.view
 
-    def _read_snapshot(self, snap: Path) -> tuple[dict[str, _Doc], HnswIndex | None, int, int]:
+    def _read_snapshot(self, snap: Path) -> tuple[dict[str, _Doc], HnswIndex | None, int, int, str]:
         """A snapshot's documents, its HNSW graph and next free slot (None, 0: dense retrieval
-        off, or embedded with another model), and its generation."""
+        off, or embedded with another model), its generation and snapshot id (a snapshot
+        written before ids existed: a hash of its files' checksums)."""
         manifest = _read_manifest(snap)
         if manifest["model_id"] != self.schema.sparse_model_id:
             raise FailedPrecondition(
@@ -326,7 +331,13 @@ class IndexStore:
             raise DataLoss(f"snapshot {snap}: {matrix.shape[0]} rows for {len(chunks)} chunks")
         hnsw, next_slot, slots = self._load_dense(snap, manifest, len(chunks))
         docs = _group_documents(chunks, matrix, slots, manifest["documents"])
-        return docs, hnsw, next_slot, int(manifest["generation"])
+        snapshot_id = (
+            str(manifest.get("snapshot_id") or "")
+            or hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()[
+                :32
+            ]
+        )
+        return docs, hnsw, next_slot, int(manifest["generation"]), snapshot_id
 
     def _remove_leftovers(self) -> None:
         """Remove the temporary snapshot folders and pointer files of a writer that died
@@ -585,14 +596,14 @@ class IndexStore:
 
     def _commit(self) -> None:
         generation = (self._view.generation if self._view else 0) + 1
-        view = self._build_view(generation)
+        view = self._build_view(generation, uuid.uuid4().hex)
         self._write_snapshot(view)
         self._view = view
 
-    def _publish(self, generation: int) -> None:
-        self._view = self._build_view(generation)
+    def _publish(self, generation: int, snapshot_id: str) -> None:
+        self._view = self._build_view(generation, snapshot_id)
 
-    def _build_view(self, generation: int) -> IndexView:
+    def _build_view(self, generation: int, snapshot_id: str) -> IndexView:
         chunks = tuple(c for doc in self._docs.values() for c in doc.chunks)
         vocab = self.schema.vocab_size
         blocks = [doc.rows for doc in self._docs.values()]
@@ -625,6 +636,7 @@ class IndexStore:
             doc_codes=np.array([doc_code[c.doc_id] for c in chunks], dtype=np.int32),
             kinds=np.array([c.kind for c in chunks], dtype=object),
             collections=np.array([c.collection for c in chunks], dtype=object),
+            snapshot_id=snapshot_id,
         )
 
     def stats(self) -> dict[str, float]:
@@ -685,6 +697,7 @@ class IndexStore:
         manifest = {
             "format": FORMAT_VERSION,
             "generation": view.generation,
+            "snapshot_id": view.snapshot_id,
             "model_id": self.schema.sparse_model_id,
             "dense_model_id": dense_id,
             "next_slot": self._next_slot,

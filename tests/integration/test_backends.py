@@ -83,12 +83,13 @@ async def test_a_backend_indexes_searches_filters_replaces_and_deletes(
     explained = await retriever.search("gasket kit", 1, SearchOptions(mode="sparse", explain=True))
     assert explained.hits[0].chunk.doc_id == "parts" and explained.hits[0].terms
 
-    before = backend.view.generation
+    before, written_by = backend.view.generation, backend.view.snapshot_id
     make_pdf("parts.pdf", [EXTRA_PAGES[0]])  # replaced: the noise appendix is gone
     assert run_batch([tmp_path / "parts.pdf"], indexer, progress=False).results[0].status == (
         "replaced"
     )
     assert backend.view.generation == before + 1
+    assert written_by and backend.view.snapshot_id not in ("", written_by)  # each write: its own
     noise = await retriever.search("decibels at full load", 3, SearchOptions(mode="sparse"))
     assert all("41 decibels" not in h.chunk.text for h in noise.hits)
     assert backend.delete("parts") >= 1
@@ -101,10 +102,11 @@ async def test_a_backend_indexes_searches_filters_replaces_and_deletes(
         backend.optimize()  # what `ragline ingest` does after a batch; searches still agree
         after = await retriever.search("gasket kit", 3, SearchOptions(mode="hybrid"))
         assert [h.chunk.chunk_id for h in after.hits] == [h.chunk.chunk_id for h in gone.hits]
-    generation = backend.view.generation
+    generation, snapshot_id = backend.view.generation, backend.view.snapshot_id
     close(backend)
     again = open_backend(kind, tmp_path, encoder, dense_encoder)
     assert again.load().generation == generation and set(again.documents()) == {"manual"}
+    assert again.view.snapshot_id == snapshot_id  # persisted: replicas share cached rankings
     result = await Retriever(again, encoder, dense_encoder).search(
         "How many concurrent connections?", 1, SearchOptions(mode="dense")
     )

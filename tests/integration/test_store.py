@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from ingest.batch import run_batch
 from ragline.errors import DataLoss, FailedPrecondition, NotFound
+from retriever.cache import QueryCache
 from retriever.encoders import SpladeEncoder
 from retriever.indexer import Indexer
 from retriever.search import SearchOptions
@@ -159,3 +161,31 @@ def test_put_encodes_in_slices_reporting_progress_and_indexes_the_same(
     a, b = whole.store.view.sparse.matrix, sliced.store.view.sparse.matrix
     assert a.shape == b.shape == (5, a.shape[1])
     assert abs(a - b).max() < 1e-4  # slicing the batch changes nothing the index holds
+
+
+async def test_copies_of_an_index_that_diverge_never_share_cached_rankings(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path], redis_url: str
+) -> None:
+    original = indexed_store(tmp_path / "a", encoder, make_pdf("manual.pdf", MANUAL_PAGES))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    copy = make_indexer(tmp_path / "b", encoder)
+    assert copy.load().snapshot_id == original.view.snapshot_id  # the same snapshot so far
+    weather = "The weather station logs rainfall and wind speed every hour. " * 3
+    disk = "Disk space for the frobnicator installer: 40 megabytes, plus 10 for logs. " * 3
+    run_batch([make_pdf("weather.pdf", [weather])], original, progress=False)
+    run_batch([make_pdf("disk.pdf", [disk])], copy, progress=False)
+    assert original.view.generation == copy.view.generation == 2
+    assert original.view.snapshot_id != copy.view.snapshot_id
+    reopened = make_indexer(tmp_path / "a", encoder)
+    assert reopened.load().snapshot_id == original.view.snapshot_id  # kept in the manifest
+
+    cache = QueryCache(url=redis_url, prefix=f"ragline-test:{uuid.uuid4().hex}:")
+    query = "how much disk space does the frobnicator installer need"
+    first = await retriever_for(original, cache=cache).search(query, 1, SearchOptions())
+    assert not first.cache_hit and first.hits[0].chunk.doc_id == "manual"
+    again = await retriever_for(reopened, cache=cache).search(query, 1, SearchOptions())
+    assert again.cache_hit  # the same snapshot read by another process: shared
+    # the copy holds every chunk of that cached ranking, but ranks its own page first
+    other = await retriever_for(copy, cache=cache).search(query, 1, SearchOptions())
+    assert not other.cache_hit and other.hits[0].chunk.doc_id == "disk"
+    await cache.close()

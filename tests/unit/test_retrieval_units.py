@@ -43,6 +43,7 @@ def test_cache_key_normalises_and_includes_generation() -> None:
     args: dict[str, Any] = {"k": 10, "generation": 3, "model_id": "m", "casefold": True}
     assert cache.key("How  do I\tread?", **args) == cache.key(" how do i read? ", **args)
     assert cache.key("q", **args) != cache.key("q", **{**args, "generation": 4})
+    assert cache.key("q", **args) != cache.key("q", **{**args, "snapshot": "another write"})
     assert cache.key("q", **args) != cache.key("q", **{**args, "k": 5})
     assert cache.key("q", **args) != cache.key("q", **{**args, "model_id": "other"})
     hybrid = {**args, "options": {"mode": "hybrid", "doc_ids": ["d1"]}}
