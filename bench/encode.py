@@ -16,7 +16,9 @@ variant of the encoders:
 - ``…, MiniLM 128 tokens``: the dense model reads a passage's first 128 tokens
   (``RAGLINE_RETRIEVER_DENSE_MAX_SEQ_LENGTH=128``) instead of 256;
 - ``ragline, bfloat16, ONNX Runtime queries`` (the default where the CPU has bfloat16
-  natively): documents in bfloat16.
+  natively): documents in bfloat16;
+- ``…, SPLADE int8 passages``: SPLADE's passages through its ONNX graph quantized to int8
+  (``RAGLINE_RETRIEVER_SPLADE_INT8_DOCUMENTS=true``), MiniLM's as in the variant named.
 
 Per variant: SPLADE and MiniLM passages/s and both together (what ingest pays per chunk),
 query encode p50, the largest change to any SPLADE weight and the lowest MiniLM cosine against
@@ -163,25 +165,31 @@ def main() -> int:
     questions = [(q, position[cid]) for q, cid in asked]
 
     fast = "ragline, float32, ONNX Runtime queries + SPLADE passages"
-    variants: list[tuple[str, EncodeDtype, bool, QueryRuntime, int]] = [
-        ("sentence-transformers, float32", "float32", True, "torch", 256),
-        ("ragline, float32, torch queries", "float32", False, "torch", 256),
-        (fast, "float32", False, "onnx", 256),
-        (f"{fast}, MiniLM 128 tokens", "float32", False, "onnx", 128),
+    variants: list[tuple[str, EncodeDtype, bool, QueryRuntime, int, bool]] = [
+        ("sentence-transformers, float32", "float32", True, "torch", 256, False),
+        ("ragline, float32, torch queries", "float32", False, "torch", 256, False),
+        (fast, "float32", False, "onnx", 256, False),
+        (f"{fast}, MiniLM 128 tokens", "float32", False, "onnx", 128, False),
     ]
+    last = fast
     if cpu_has_bf16():
-        bf16 = "ragline, bfloat16, ONNX Runtime queries"
-        variants.append((bf16, "bfloat16", False, "onnx", 256))
-        variants.append((f"{bf16}, MiniLM 128 tokens", "bfloat16", False, "onnx", 128))
+        last = "ragline, bfloat16, ONNX Runtime queries"
+        variants.append((last, "bfloat16", False, "onnx", 256, False))
+        variants.append((f"{last}, MiniLM 128 tokens", "bfloat16", False, "onnx", 128, False))
+    dtype_last: EncodeDtype = "bfloat16" if cpu_has_bf16() else "float32"
+    variants.append((f"{last}, SPLADE int8 passages", dtype_last, False, "onnx", 256, True))
+    variants.append(
+        (f"{last}, SPLADE int8 passages, MiniLM 128 tokens", dtype_last, False, "onnx", 128, True)
+    )
     rows = []
-    for name, dtype, st, runtime, dense_tokens in variants:
+    for name, dtype, st, runtime, dense_tokens, int8 in variants:
         options: dict[str, Any] = {
             "batch_size": args.batch_size,
             "threads": args.threads,
             "dtype": dtype,
             "query_runtime": runtime,
         }
-        splade = SpladeEncoder(PACKAGED_SPLADE, **options)
+        splade = SpladeEncoder(PACKAGED_SPLADE, int8_documents=int8, **options)
         dense = DenseEncoder(PACKAGED_MINILM, max_seq_length=dense_tokens, **options)
         rows.append(run_variant(name, splade, dense, texts, questions, st))
         print(f"{name}: done", file=sys.stderr, flush=True)

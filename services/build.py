@@ -57,6 +57,7 @@ def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | No
         dtype=r.encode_dtype,
         query_runtime=r.query_runtime,
         onnx_dir=r.onnx_dir,
+        int8_documents=r.splade_int8_documents,
     )
     dense_encoder = (
         DenseEncoder(

@@ -326,6 +326,15 @@ class RetrieverSettings(BaseSettings):
         "SPLADE's float32 passages go through its graph too (~1.8x on 2 AVX2 cores, the same "
         "weights); MiniLM's and bfloat16 passages are encoded by PyTorch.",
     )
+    splade_int8_documents: bool = Field(
+        True,
+        description="Encode SPLADE's passages through its ONNX graph quantized to int8 "
+        "(ONNX Runtime's dynamic quantization, made once and checked against the float32 "
+        "graph on probe passages, else float32/bfloat16, logged; needs the ONNX query path): "
+        "~1.8x bfloat16's passages/s on 2 AVX-512 cores at the same dev recall (README "
+        "'Benchmarks'). false: float32 or bfloat16 (encode_dtype). Queries stay float32. "
+        "New ingests only.",
+    )
     onnx_dir: Path = Field(
         Path("var/models/onnx"), description="Where the exported query graphs are cached."
     )

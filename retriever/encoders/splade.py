@@ -33,7 +33,10 @@ class SpladeEncoder(LazyModel, QueryGraphs):
     at batch 32): 14 → 33 passages/s on 2 cores, bit-identical in float32
     (``bench/encode.py``). ``dtype="bfloat16"`` runs documents in bfloat16 where the CPU has it
     natively (another ~2x); queries always run in float32. Where the query graph runs through
-    ONNX Runtime (``retriever.encoders.onnx_query``), float32 documents go through it too.
+    ONNX Runtime (``retriever.encoders.onnx_query``), float32 documents go through it too, and
+    with ``int8_documents`` all documents go through its int8-quantized copy (1.8x bfloat16
+    on an AVX-512 EPYC, the same recall in ``bench/encode.py``; bfloat16 or float32 where the
+    int8 graph fails its check).
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class SpladeEncoder(LazyModel, QueryGraphs):
         dtype: EncodeDtype = "float32",
         query_runtime: QueryRuntime = "auto",
         onnx_dir: Path | None = None,
+        int8_documents: bool = False,
     ) -> None:
         super().__init__(model, threads)
         self._init_query_graph(query_runtime, onnx_dir)
@@ -55,6 +59,8 @@ class SpladeEncoder(LazyModel, QueryGraphs):
         """Keep only this many strongest terms per passage (0 = all): a smaller index."""
         self.dtype = resolve_dtype(dtype)
         """What documents are encoded in (queries: always float32)."""
+        self.int8_documents = int8_documents
+        """Documents through the int8 copy of the ONNX graph (where it runs and checks)."""
         self._parts: tuple[Any, Any, Any, int] | None = None
 
     def _load(self) -> Any:
@@ -91,7 +97,10 @@ class SpladeEncoder(LazyModel, QueryGraphs):
         if not texts:
             return sp.csr_matrix((0, self.vocab_size), dtype=np.float32)
         model = self.model
-        if self._onnx is not None and self.dtype == "float32":
+        onnx = self._onnx
+        if onnx is not None and self.int8_documents and onnx.int8_ready():
+            matrix = self._encode_exported(texts, int8=True)
+        elif onnx is not None and self.dtype == "float32":
             matrix = self._encode_exported(texts)
         elif self._parts is not None:
             matrix = self._encode_max_pooled(texts, self.dtype)
@@ -160,14 +169,15 @@ class SpladeEncoder(LazyModel, QueryGraphs):
                     rows[i] = weights.numpy()
         return sp.csr_matrix(rows)
 
-    def _encode_exported(self, texts: Sequence[str]) -> sp.csr_matrix:
-        """Float32 documents one at a time through the checked query graph: no padding, and
-        ONNX Runtime's fused head + max beats torch's batch on 2 cores (36 against 22
-        passages/s on an AVX2 EPYC, weights within 1e-5; ``bench/encode.py``)."""
+    def _encode_exported(self, texts: Sequence[str], int8: bool = False) -> sp.csr_matrix:
+        """Documents one at a time through the checked query graph: no padding, and ONNX
+        Runtime's fused head + max beats torch's batch on 2 cores (float32: 36 against 22
+        passages/s on an AVX2 EPYC, weights within 1e-5; ``bench/encode.py``). ``int8``:
+        through its checked int8 copy."""
         assert self._onnx is not None
         rows = np.zeros((len(texts), self.vocab_size), dtype=np.float32)
         for i, text in enumerate(texts):
-            rows[i] = self._onnx.bulk(self._token_ids(text))
+            rows[i] = self._onnx.bulk(self._token_ids(text), int8)
         return sp.csr_matrix(rows)
 
     def encode_query_idf(self, text: str, doc_freq: np.ndarray, n_docs: int) -> SparseVector:

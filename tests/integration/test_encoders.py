@@ -132,9 +132,10 @@ def test_float32_splade_documents_run_through_the_query_graph_with_the_same_weig
 
     bulk = session.bulk
 
-    def counted(ids: list[int]) -> np.ndarray:
+    def counted(ids: list[int], int8: bool = False) -> np.ndarray:
+        assert not int8
         calls.append(len(ids))
-        return bulk(ids)
+        return bulk(ids, int8)
 
     monkeypatch.setattr(session, "bulk", counted)  # a spy: the real graph still runs
     mine = graph.encode_documents(PASSAGES).toarray()
@@ -144,3 +145,57 @@ def test_float32_splade_documents_run_through_the_query_graph_with_the_same_weig
     assert mine.shape == want.shape and np.abs(mine - want).max() < 1e-4
     for a, b in zip(mine, want, strict=True):
         assert set(np.flatnonzero(a > 1e-3)) == set(np.flatnonzero(b > 1e-3))
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_int8_splade_documents_run_through_a_checked_quantized_graph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    int8 = SpladeEncoder(
+        PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path, int8_documents=True
+    )
+    exact = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    int8.warm_up()
+    session = int8._onnx
+    assert session is not None and not session.int8_path.exists()  # made on first use
+    flags: list[bool] = []
+    bulk = session.bulk
+
+    def spied(ids: list[int], int8: bool = False) -> np.ndarray:
+        flags.append(int8)
+        return bulk(ids, int8)
+
+    monkeypatch.setattr(session, "bulk", spied)  # a spy: the real graphs still run
+    mine = int8.encode_documents(PASSAGES).toarray()
+    want = exact.encode_documents(PASSAGES).toarray()
+    assert session.int8_ok is True and session.int8_path.exists()  # made once, cached
+    assert flags == [True] * len(PASSAGES)  # every passage through the int8 graph
+    assert not np.array_equal(mine, want)  # really quantized ...
+    assert _cosines(mine, want).min() > 0.97  # ... and close to the model
+    for a, b in zip(mine, want, strict=True):  # the strongest terms survive
+        assert set(np.argsort(-a)[:5]) & set(np.argsort(-b)[:5])
+    # queries stay float32: the query graph's own weights
+    assert int8.encode_query(QUERIES[0]) == exact.encode_query(QUERIES[0])
+
+
+def test_an_int8_graph_that_drifts_from_the_model_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import retriever.encoders.onnx_query as onnx_query
+
+    monkeypatch.setattr(onnx_query, "INT8_MIN_COSINE", 1.01)  # no quantized graph can pass
+    refused = SpladeEncoder(
+        PACKAGED_SPLADE,
+        threads=2,
+        dtype="float32",
+        query_runtime="onnx",
+        onnx_dir=tmp_path,
+        int8_documents=True,
+    )
+    exact = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    rows = refused.encode_documents(PASSAGES[:2]).toarray()
+    assert refused._onnx is not None and refused._onnx.int8_ok is False  # logged, not raised
+    assert np.abs(rows - exact.encode_documents(PASSAGES[:2]).toarray()).max() < 1e-5

@@ -45,6 +45,18 @@ def test_the_dense_token_limit_reaches_the_dense_encoder(monkeypatch: pytest.Mon
         RetrieverSettings()
 
 
+def test_int8_splade_documents_follow_their_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    sparse, dense = build_encoders(Settings())
+    assert sparse.int8_documents is True  # the service's default
+    assert not hasattr(dense, "int8_documents")  # SPLADE's only
+    monkeypatch.setenv("RAGLINE_RETRIEVER_SPLADE_INT8_DOCUMENTS", "false")
+    sparse, _ = build_encoders(Settings())
+    assert sparse.int8_documents is False
+    monkeypatch.setenv("RAGLINE_RETRIEVER_SPLADE_INT8_DOCUMENTS", "maybe")
+    with pytest.raises(ValidationError):
+        RetrieverSettings()
+
+
 def test_invalid_argument_maps_to_status_with_field_violation() -> None:
     status = to_status(InvalidArgument.for_field("query", "must not be empty"))
     assert status.code == grpc.StatusCode.INVALID_ARGUMENT
