@@ -45,6 +45,9 @@ class Reason(StrEnum):
             beside a cell the question names (a value read off a neighbouring row).
         NO_NUMBER: the question asks for a number (how many, which version, what value) and
             the answer states none the question does not already hold.
+        NOT_CONFIRMED: the answer passed every check above, but the model, reading the cited
+            passages again in a fresh prompt, did not confirm that they state it
+            (``RAGLINE_GENERATOR_VERIFY_MIN_P``; :mod:`generator.verify`).
     """
 
     NO_EVIDENCE = "no_evidence"
@@ -55,6 +58,7 @@ class Reason(StrEnum):
     KEY_UNANCHORED = "key_unanchored"
     NOT_IN_ONE_ROW = "not_in_one_row"
     NO_NUMBER = "no_number"
+    NOT_CONFIRMED = "not_confirmed"
 
 
 _CITATION = re.compile(r"\[(\d{1,2})\]")

@@ -8,6 +8,7 @@ from typing import Protocol
 from generator.budget import TokenBudget
 from generator.contract import Reason, check_answer
 from generator.prompt import build_messages
+from generator.verify import AnswerVerifier
 from ragline.types import Answer, Hit
 
 
@@ -22,7 +23,8 @@ class TextBackend(Protocol):
 
 
 class AnswerGenerator:
-    """Prompt → backend → contract. Empty evidence never reaches the model."""
+    """Prompt → backend → contract (→ verifier, when set). Empty evidence never reaches the
+    model."""
 
     def __init__(
         self,
@@ -34,6 +36,7 @@ class AnswerGenerator:
         focus_sentences: int = 3,
         quote: bool = True,
         tokenizer: str = "",
+        verifier: AnswerVerifier | None = None,
     ) -> None:
         self.backend = backend
         self.max_new_tokens = max_new_tokens
@@ -43,6 +46,9 @@ class AnswerGenerator:
         self.key_window = key_window
         self.focus_sentences = focus_sentences
         self.quote = quote
+        self.verifier = verifier
+        """When set, an answer that passed the contract is returned only if the model,
+        reading its cited passages again, confirms it (else ``not_confirmed``)."""
 
     @property
     def model_id(self) -> str:
@@ -84,9 +90,16 @@ class AnswerGenerator:
         async for delta in self.backend.stream(messages, max_new_tokens or self.max_new_tokens):
             parts.append(delta)
             yield delta
-        yield check_answer(
+        answer = check_answer(
             question, "".join(parts), evidence, self.min_support, self.key_window, self.quote
         )
+        if (
+            self.verifier is not None
+            and not answer.insufficient
+            and not await self.verifier.confirms(question, answer, evidence)
+        ):
+            answer = Answer.insufficient_info(Reason.NOT_CONFIRMED)
+        yield answer
 
     async def answer(
         self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0

@@ -37,6 +37,7 @@ from typing import Any
 
 from generator.admission import AdmissionQueue
 from generator.models import XLLAMACPP_REQUIREMENT, resolve_gguf
+from generator.verify import TOP_LOGPROBS, yes_share
 from ragline.errors import FailedPrecondition, InvalidArgument, RaglineError, Unavailable
 
 logger = logging.getLogger(__name__)
@@ -278,6 +279,34 @@ class LlamaCppBackend:
                 response.get("error", response) if isinstance(response, dict) else response
             )
         return response
+
+    async def yes_probability(self, messages: list[dict[str, str]]) -> float:
+        """P("yes") of the reply's first token, against "no" (:func:`generator.verify.
+        yes_share`): a judge's verdict for :class:`generator.verify.AnswerVerifier`. One token,
+        through the same admission queue as :meth:`stream`.
+
+        Raises:
+            ResourceExhausted: ``max_queue`` requests are already waiting for a slot.
+        """
+        if self._server is None:
+            await asyncio.to_thread(self.warm_up)
+        executor = self._executor
+        assert executor is not None
+        await self.admission.acquire()
+        loop = asyncio.get_running_loop()
+        try:
+            work = loop.run_in_executor(
+                executor, lambda: self.complete(messages, 1, top_logprobs=TOP_LOGPROBS)
+            )
+        except BaseException:
+            self.admission.release()
+            raise
+        # A one-token request: it runs to its end even if the caller is cancelled, and only
+        # then frees the slot (not counted in the retry hint's service time).
+        work.add_done_callback(lambda _: self.admission.release())
+        response = await work
+        content = (response["choices"][0].get("logprobs") or {}).get("content") or [{}]
+        return yes_share(content[0].get("top_logprobs") or [])
 
     def text(
         self, messages: list[dict[str, str]], max_new_tokens: int, reuse_prefix: bool = True

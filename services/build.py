@@ -25,8 +25,10 @@ from credibility.filter import ClassifierFilter, EvidenceFilter, ScoreFloorFilte
 from credibility.model import PairClassifier, is_checkpoint
 from generator.core import AnswerGenerator, TextBackend
 from generator.models import choose_backend, resolve_vllm_model
+from generator.verify import AnswerVerifier, Judge
 from graph.build import GraphConfig, GraphIndex
 from graph.walk import GraphPath, WalkConfig
+from ragline.errors import FailedPrecondition
 from retriever.backend import IndexBackend
 from retriever.cache import QueryCache
 from retriever.encoders import DenseEncoder, SpladeEncoder
@@ -262,8 +264,9 @@ def build_cache(settings: Settings) -> QueryCache | None:
 
 def build_generator(settings: Settings) -> AnswerGenerator:
     g = settings.generator
+    backend = build_text_backend(settings)
     return AnswerGenerator(
-        build_text_backend(settings),
+        backend,
         max_new_tokens=g.max_new_tokens,
         max_evidence_tokens=g.max_evidence_tokens,
         tokenizer=str(g.vllm_model_dir),
@@ -271,7 +274,30 @@ def build_generator(settings: Settings) -> AnswerGenerator:
         key_window=g.key_window,
         focus_sentences=g.focus_sentences,
         quote=g.quote,
+        verifier=build_verifier(settings, backend),
     )
+
+
+def build_verifier(settings: Settings, backend: TextBackend) -> AnswerVerifier | None:
+    """The second reading (``RAGLINE_GENERATOR_VERIFY_MIN_P`` > 0), judged by the generator's
+    own llama.cpp engine.
+
+    Raises:
+        FailedPrecondition: the backend cannot judge (only llama.cpp's gives log-probabilities
+            here).
+    """
+    g = settings.generator
+    if g.verify_min_p <= 0:
+        return None
+    engine = getattr(backend, "backend", backend)  # inside length buckets
+    if not isinstance(engine, Judge):
+        raise FailedPrecondition(
+            f"RAGLINE_GENERATOR_VERIFY_MIN_P={g.verify_min_p} needs the llamacpp generator "
+            f"backend (its log-probabilities judge the answers); this one is {engine.model_id} "
+            f"on {type(engine).__name__}: set RAGLINE_GENERATOR_BACKEND=llamacpp or "
+            "RAGLINE_GENERATOR_VERIFY_MIN_P=0"
+        )
+    return AnswerVerifier(engine, g.verify_min_p, g.verify_focus_sentences)
 
 
 def build_limits(settings: Settings) -> Limits:

@@ -17,12 +17,15 @@ from grpc_status import rpc_status
 
 from generator.assemble import QWEN_CODER_1_5B, is_assembled
 from generator.buckets import LengthBuckets
+from generator.contract import Reason, check_answer
 from generator.core import AnswerGenerator
 from generator.llamacpp_backend import GenerationRecord, LlamaCppBackend
 from generator.models import PACKAGED_QWEN_CODER_1_5B, PACKAGED_SMOLLM2
 from generator.prompt import SYSTEM_PROMPT
 from generator.routing import estimate_tokens
+from generator.verify import AnswerVerifier
 from ragline.errors import ResourceExhausted
+from ragline.types import Chunk, Hit
 from ragline.v1 import common_pb2, stages_pb2, stages_pb2_grpc
 from retriever.encoders import SpladeEncoder
 from services.build import build_gateway
@@ -195,6 +198,66 @@ async def test_qwen_1_5b_answers_a_toy_question_from_its_passage() -> None:
         ]
         answer = "".join([d async for d in qwen.stream(messages, 48)])
         assert "7" in answer and "[1]" in answer
+    finally:
+        qwen.close()
+
+
+FERRY = [
+    "The harbour ferry to Lindholm leaves every 40 minutes from pier 7 and the crossing takes "
+    "12 minutes.",
+    "Bicycles ride free on weekdays before 7 am.",
+]
+
+
+def ferry_hits() -> list[Hit]:
+    return [
+        Hit(Chunk(f"ferry-{n}", "ferry", n, text, (1,), "ferry.pdf"), 10.0 - n)
+        for n, text in enumerate(FERRY)
+    ]
+
+
+@pytest.mark.skipif(
+    not is_assembled(QWEN_CODER_1_5B), reason="Qwen2.5-Coder-1.5B GGUF not assembled"
+)
+async def test_the_second_reading_confirms_a_stated_answer_and_refuses_a_near_miss() -> None:
+    qwen = LlamaCppBackend(PACKAGED_QWEN_CODER_1_5B, threads=2)
+    await asyncio.to_thread(qwen.warm_up)
+    try:
+        hits = ferry_hits()
+        verifier = AnswerVerifier(qwen, 0.7)
+        cited = check_answer(
+            "From which pier does the Lindholm ferry leave?",
+            "It leaves from pier 7 every 40 minutes [1].",
+            hits,
+        )
+        assert not cited.insufficient
+        right = await verifier.probability(
+            "From which pier does the Lindholm ferry leave?", cited, hits
+        )
+        # The passage is on the topic and the answer is in it, but it does not say this.
+        near_miss = check_answer(
+            "How much does a ferry ticket to Lindholm cost?",
+            "The crossing takes 12 minutes [1].",
+            hits,
+        )
+        assert not near_miss.insufficient
+        wrong = await verifier.probability(
+            "How much does a ferry ticket to Lindholm cost?", near_miss, hits
+        )
+        assert right >= 0.7 > wrong
+
+        # Through the generator: the same answer is returned when the reading confirms it at
+        # the threshold, and withheld when the threshold is above what the reading gives.
+        question = "How often does the Lindholm ferry leave?"
+        lenient = AnswerGenerator(qwen, focus_sentences=0, verifier=AnswerVerifier(qwen, 0.5))
+        answer = await lenient.answer(question, hits)
+        assert not answer.insufficient and "40" in answer.text
+        p = await lenient.verifier.probability(question, answer, hits)  # type: ignore[union-attr]
+        strict = AnswerGenerator(
+            qwen, focus_sentences=0, verifier=AnswerVerifier(qwen, min(1.0, p + 0.01))
+        )
+        refused = await strict.answer(question, hits)
+        assert refused.insufficient and refused.reason == Reason.NOT_CONFIRMED
     finally:
         qwen.close()
 

@@ -85,6 +85,7 @@ def test_reasons_are_typed_and_keep_their_wire_strings() -> None:
         "key_unanchored",
         "not_in_one_row",
         "no_number",
+        "not_confirmed",
     }
 
 
