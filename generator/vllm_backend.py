@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from generator.verify import TOP_LOGPROBS, yes_share
+
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
@@ -133,6 +135,31 @@ class VllmBackend:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in some versions
             ids = ids["input_ids"]
         return {"prompt_token_ids": list(ids)}
+
+    async def yes_probability(self, messages: list[dict[str, str]]) -> float:
+        """P("yes") of the reply's first token, against "no" (:func:`generator.verify.
+        yes_share` over its ``TOP_LOGPROBS`` most likely tokens): a judge's verdict for
+        :class:`generator.verify.AnswerVerifier`. One token; cancelling aborts it."""
+        if self._engine is None:
+            await asyncio.to_thread(self.warm_up)
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=TOP_LOGPROBS)
+        request_id = f"ragline-judge-{uuid.uuid4().hex}"
+        engine = self._engine
+        last = None
+        finished = False
+        try:
+            async for output in engine.generate(self._prompt(messages), params, request_id):
+                last, finished = output, output.finished
+        finally:
+            if not finished:
+                await engine.abort(request_id)
+        steps = last.outputs[0].logprobs if last is not None and last.outputs else None
+        if not steps:
+            return 0.0
+        first = steps[0].values()
+        return yes_share([{"token": lp.decoded_token or "", "logprob": lp.logprob} for lp in first])
 
     async def stream(
         self, messages: list[dict[str, str]], max_new_tokens: int

