@@ -179,34 +179,37 @@ async def test_grpc_callers_get_resource_exhausted_with_retry_info(
         await running.stop(0)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not is_assembled(QWEN_CODER_1_5B), reason="Qwen2.5-Coder-1.5B GGUF not assembled"
-)
-async def test_qwen_1_5b_answers_a_toy_question_from_its_passage() -> None:
-    qwen = LlamaCppBackend(PACKAGED_QWEN_CODER_1_5B, threads=2)
-    await asyncio.to_thread(qwen.warm_up)
-    try:
-        passages = (
-            "[1] The harbour ferry to Lindholm leaves every 40 minutes from pier 7 and the "
-            "crossing takes 12 minutes.\n\n[2] Bicycles ride free on weekdays before 7 am."
-        )
-        question = "From which pier does the Lindholm ferry leave?"
-        messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Passages:\n{passages}\n\nQuestion: {question}"},
-        ]
-        answer = "".join([d async for d in qwen.stream(messages, 48)])
-        assert "7" in answer and "[1]" in answer
-    finally:
-        qwen.close()
-
-
 FERRY = [
     "The harbour ferry to Lindholm leaves every 40 minutes from pier 7 and the crossing takes "
     "12 minutes.",
     "Bicycles ride free on weekdays before 7 am.",
 ]
+
+needs_qwen = pytest.mark.skipif(
+    not is_assembled(QWEN_CODER_1_5B), reason="Qwen2.5-Coder-1.5B GGUF not assembled"
+)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def qwen() -> AsyncIterator[LlamaCppBackend]:
+    """Qwen2.5-Coder-1.5B, loaded once for the tests that read with it (``needs_qwen``)."""
+    llama = LlamaCppBackend(PACKAGED_QWEN_CODER_1_5B, threads=2)
+    await asyncio.to_thread(llama.warm_up)
+    yield llama
+    llama.close()
+
+
+@pytest.mark.slow
+@needs_qwen
+async def test_qwen_1_5b_answers_a_toy_question_from_its_passage(qwen: LlamaCppBackend) -> None:
+    passages = "\n\n".join(f"[{n}] {text}" for n, text in enumerate(FERRY, start=1))
+    question = "From which pier does the Lindholm ferry leave?"
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"Passages:\n{passages}\n\nQuestion: {question}"},
+    ]
+    answer = "".join([d async for d in qwen.stream(messages, 48)])
+    assert "7" in answer and "[1]" in answer
 
 
 def ferry_hits() -> list[Hit]:
@@ -216,50 +219,45 @@ def ferry_hits() -> list[Hit]:
     ]
 
 
-@pytest.mark.skipif(
-    not is_assembled(QWEN_CODER_1_5B), reason="Qwen2.5-Coder-1.5B GGUF not assembled"
-)
-async def test_the_second_reading_confirms_a_stated_answer_and_refuses_a_near_miss() -> None:
-    qwen = LlamaCppBackend(PACKAGED_QWEN_CODER_1_5B, threads=2)
-    await asyncio.to_thread(qwen.warm_up)
-    try:
-        hits = ferry_hits()
-        verifier = AnswerVerifier(qwen, 0.7)
-        cited = check_answer(
-            "From which pier does the Lindholm ferry leave?",
-            "It leaves from pier 7 every 40 minutes [1].",
-            hits,
-        )
-        assert not cited.insufficient
-        right = await verifier.probability(
-            "From which pier does the Lindholm ferry leave?", cited, hits
-        )
-        # The passage is on the topic and the answer is in it, but it does not say this.
-        near_miss = check_answer(
-            "How much does a ferry ticket to Lindholm cost?",
-            "The crossing takes 12 minutes [1].",
-            hits,
-        )
-        assert not near_miss.insufficient
-        wrong = await verifier.probability(
-            "How much does a ferry ticket to Lindholm cost?", near_miss, hits
-        )
-        assert right >= 0.7 > wrong
+@needs_qwen
+async def test_the_second_reading_confirms_a_stated_answer_and_refuses_a_near_miss(
+    qwen: LlamaCppBackend,
+) -> None:
+    hits = ferry_hits()
+    verifier = AnswerVerifier(qwen, 0.7)
+    cited = check_answer(
+        "From which pier does the Lindholm ferry leave?",
+        "It leaves from pier 7 every 40 minutes [1].",
+        hits,
+    )
+    assert not cited.insufficient
+    right = await verifier.probability(
+        "From which pier does the Lindholm ferry leave?", cited, hits
+    )
+    # The passage is on the topic and the answer is in it, but it does not say this.
+    near_miss = check_answer(
+        "How much does a ferry ticket to Lindholm cost?",
+        "The crossing takes 12 minutes [1].",
+        hits,
+    )
+    assert not near_miss.insufficient
+    wrong = await verifier.probability(
+        "How much does a ferry ticket to Lindholm cost?", near_miss, hits
+    )
+    assert right >= 0.7 > wrong
 
-        # Through the generator: the same answer is returned when the reading confirms it at
-        # the threshold, and withheld when the threshold is above what the reading gives.
-        question = "How often does the Lindholm ferry leave?"
-        lenient = AnswerGenerator(qwen, focus_sentences=0, verifier=AnswerVerifier(qwen, 0.5))
-        answer = await lenient.answer(question, hits)
-        assert not answer.insufficient and "40" in answer.text
-        p = await lenient.verifier.probability(question, answer, hits)  # type: ignore[union-attr]
-        strict = AnswerGenerator(
-            qwen, focus_sentences=0, verifier=AnswerVerifier(qwen, min(1.0, p + 0.01))
-        )
-        refused = await strict.answer(question, hits)
-        assert refused.insufficient and refused.reason == Reason.NOT_CONFIRMED
-    finally:
-        qwen.close()
+    # Through the generator: the same answer is returned when the reading confirms it at
+    # the threshold, and withheld when the threshold is above what the reading gives.
+    question = "How often does the Lindholm ferry leave?"
+    lenient = AnswerGenerator(qwen, focus_sentences=0, verifier=AnswerVerifier(qwen, 0.5))
+    answer = await lenient.answer(question, hits)
+    assert not answer.insufficient and "40" in answer.text
+    p = await lenient.verifier.probability(question, answer, hits)  # type: ignore[union-attr]
+    strict = AnswerGenerator(
+        qwen, focus_sentences=0, verifier=AnswerVerifier(qwen, min(1.0, p + 0.01))
+    )
+    refused = await strict.answer(question, hits)
+    assert refused.insufficient and refused.reason == Reason.NOT_CONFIRMED
 
 
 async def test_length_buckets_keep_short_prompts_out_of_the_long_prompts_queue() -> None:
