@@ -46,7 +46,8 @@ credibility:
 ##      generator model"): Qwen2.5-Coder-1.5B through llama.cpp, evidence from the credibility
 ##      filter's 0.5 step, 2 sentences per passage in 256 tokens, and every answer read a second
 ##      time by the model (below 0.7 it becomes INSUFFICIENT_INFO). `ragline serve` alone keeps
-##      the library's defaults (SmolLM2, 0.85, no second reading). A value set in the
+##      the library's defaults (SmolLM2, 0.85, no second reading). Quotes stand in for failed
+##      answers only (a terse right answer is not swapped for a sentence). A value set in the
 ##      environment wins over these.
 serve eval: export RAGLINE_GENERATOR_BACKEND ?= llamacpp
 serve eval: export RAGLINE_GENERATOR_MODEL ?= packaged:qwen2.5-coder-1.5b-instruct
@@ -54,6 +55,7 @@ serve eval: export RAGLINE_GENERATOR_FOCUS_SENTENCES ?= 2
 serve eval: export RAGLINE_GENERATOR_MAX_EVIDENCE_TOKENS ?= 256
 serve eval: export RAGLINE_GENERATOR_VERIFY_MIN_P ?= 0.7
 serve eval: export RAGLINE_CREDIBILITY_THRESHOLD ?= 0.5
+serve eval: export RAGLINE_GENERATOR_QUOTE_OFF_QUESTION ?= false
 
 serve:
 	$(BIN)/ragline serve --port $(PORT)

@@ -26,6 +26,12 @@ from ragline.text import TOKEN, content_tokens, sentences, stem, stems
 from ragline.types import INSUFFICIENT_INFO, Answer, Citation, Hit
 
 
+def answer_words(text: str) -> set[str]:
+    """The content words the checks compare (:func:`ragline.text.content_tokens`), and
+    one-digit numbers, which that drops as 1-character tokens: "Bit 4" states a number."""
+    return content_tokens(text) | {t for t in TOKEN.findall(text) if t.isdigit()}
+
+
 class Reason(StrEnum):
     """Why an answer is INSUFFICIENT_INFO: :attr:`Answer.reason`, and the ``reason`` label of
     ``ragline_insufficient_total``. The values are the wire strings clients and reports read.
@@ -99,15 +105,29 @@ def key_tokens(words: set[str], raw: str) -> set[str]:
     return {w for w in words if w in keys}
 
 
-def anchored(key: str, passage_words: list[str], question_words: set[str], window: int) -> bool:
-    """Whether ``key`` occurs in the passage within ``window`` words of a question word: an
-    invented number or name tends to sit nowhere near what the question asks about."""
-    for i, word in enumerate(passage_words):
-        if key in word:
-            near = passage_words[max(0, i - window) : i + window + 1]
-            if question_words & {w.strip(".,;:()[]'\"") for w in near}:
-                return True
-    return False
+def anchored(
+    keys: set[str], passage_words: list[str], question_words: set[str], window: int
+) -> set[str]:
+    """The ``keys`` that occur in the passage within ``window`` words of a question word, or
+    of an anchored occurrence of another key: an invented number or name tends to sit nowhere
+    near what the question asks about, while a run of values copied whole ("a text area of
+    468pt × 622pt or 16.45cm × 21.9cm or 6.5in × 8.6in") is anchored by its start."""
+    marks = [i for i, w in enumerate(passage_words) if w.strip(".,;:()[]'\"") in question_words]
+    found: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for key in sorted(keys - found):
+            near = [
+                i
+                for i, word in enumerate(passage_words)
+                if key in word and any(abs(i - m) <= window for m in marks)
+            ]
+            if near:
+                found.add(key)
+                marks += near
+                grew = True
+    return found
 
 
 _FILLER_TEXT = """following follow below above shown given called named listed mentioned
@@ -203,7 +223,7 @@ def quote_for(
     asked = stems(question)
     if len(asked) < 2:
         return None
-    asked_raw = content_tokens(question)
+    asked_raw = answer_words(question)
     specific = {t for t in asked_raw if any(c.isdigit() for c in t)}
     best: tuple[float, str, int] | None = None
     for n in numbers:
@@ -213,7 +233,7 @@ def quote_for(
             coverage = len(asked & stems(sentence)) / len(asked)
             if coverage < QUOTE_MIN_COVERAGE:
                 continue
-            words = content_tokens(sentence)
+            words = answer_words(sentence)
             if not specific <= words:
                 continue  # "elsarticle's 1p layout": a sentence without "1p" is about another
             names = key_tokens(words - asked_raw, sentence)
@@ -235,11 +255,11 @@ def row_supported(question: str, new_words: set[str], hit: Hit) -> bool:
     table = read_table(hit.chunk.text)
     if not table.rows:
         return True  # no rows to tell apart
-    header = content_tokens(" ".join(table.header))
-    asked = content_tokens(question) - header
+    header = answer_words(" ".join(table.header))
+    asked = answer_words(question) - header
     for row in table.rows:
-        cells = content_tokens(" ".join(row))
-        if new_words <= cells | header | content_tokens(question) and cells & asked:
+        cells = answer_words(" ".join(row))
+        if new_words <= cells | header | answer_words(question) and cells & asked:
             return True
     return False
 
@@ -250,7 +270,7 @@ def off_question(question: str, body: str, sentence: str, keys: set[str]) -> boo
         return False
     answer_share = len(asked & stems(body)) / len(asked)
     quote_share = len(asked & stems(sentence)) / len(asked)
-    in_quote = content_tokens(sentence)
+    in_quote = answer_words(sentence)
     return quote_share - answer_share >= OFF_QUESTION_MARGIN and not (keys and keys <= in_quote)
 
 
@@ -258,7 +278,8 @@ def no_content(question: str, body: str, new_words: set[str]) -> Reason | None:
     """:attr:`Reason.NO_CONTENT` when the answer adds no word the question lacks, or only
     filler ("The function file creates connections to files compressed with bzip2" for "Which
     function creates connections to files compressed with bzip2?")."""
-    if not new_words or not stems(body) - stems(question) - FILLER:
+    digits = {w for w in new_words if w.isdigit() and len(w) == 1}
+    if not new_words or not (stems(body) | digits) - stems(question) - FILLER:
         return Reason.NO_CONTENT
     return None
 
@@ -266,7 +287,7 @@ def no_content(question: str, body: str, new_words: set[str]) -> Reason | None:
 def unsupported(new_words: set[str], cited_text: str, min_support: float) -> Reason | None:
     """:attr:`Reason.UNSUPPORTED` when under ``min_support`` of the answer's new content
     words occur in the cited passages (none cited: no support at all)."""
-    supported = len(new_words & content_tokens(cited_text)) / len(new_words) if cited_text else 0
+    supported = len(new_words & answer_words(cited_text)) / len(new_words) if cited_text else 0
     return Reason.UNSUPPORTED if supported < min_support else None
 
 
@@ -289,21 +310,30 @@ def invented(body: str, new_words: set[str], cited_text: str) -> Reason | None:
     the words an answer stands on may not be: a passage that says "answer with the capital of
     France" must not make "... France is Paris" pass on the share of copied words."""
     keys = (key_tokens(new_words, body) | names(body)) & new_words
-    return Reason.UNSUPPORTED if keys - content_tokens(cited_text) else None
+    return Reason.UNSUPPORTED if keys - answer_words(cited_text) else None
 
 
 def key_unanchored(
     question: str, body: str, new_words: set[str], cited_text: str, window: int
 ) -> Reason | None:
     """:attr:`Reason.KEY_UNANCHORED` when a number or identifier the answer adds is not in
-    the cited text within ``window`` words of a question word (0: not checked)."""
+    the cited text within ``window`` words of a question word (0: not checked).
+
+    When the question names a variant ("the 5p option", "R 4.2.2", "a 64-bit platform": a
+    word with a digit, not a lone one) that the cited text names too, a key counts only in a
+    sentence that names it: a passage that lists variants one by one gives each its own
+    values, and the neighbouring variant's are no answer."""
     if window <= 0:
         return None
-    passage = cited_text.lower().split()
-    asked = content_tokens(question)
-    if all(anchored(k, passage, asked, window) for k in key_tokens(new_words, body)):
-        return None
-    return Reason.KEY_UNANCHORED
+    asked = answer_words(question)
+    keys = key_tokens(new_words, body)
+    variants = {w for w in asked if len(w) > 1 and any(c.isdigit() for c in w)} - keys
+    variants &= answer_words(cited_text)
+    spans = [s for s in sentences(cited_text) if variants <= answer_words(s)]
+    found: set[str] = set()
+    for span in spans if variants else [cited_text]:
+        found |= anchored(keys - found, span.lower().split(), asked, window)
+    return None if found == keys else Reason.KEY_UNANCHORED
 
 
 def not_in_one_row(question: str, new_words: set[str], tables: Sequence[Hit]) -> Reason | None:
@@ -333,7 +363,7 @@ def cite_by_words(new_words: set[str], evidence: Sequence[Hit]) -> list[int]:
     """For an answer without a usable [n]: the (at most two) passages that carry the most of
     its new words."""
     coverage = [
-        (len(new_words & content_tokens(h.chunk.text)), n) for n, h in enumerate(evidence, start=1)
+        (len(new_words & answer_words(h.chunk.text)), n) for n, h in enumerate(evidence, start=1)
     ]
     best = max(c for c, _ in coverage)
     return [n for c, n in coverage if c == best and c > 0][:2]
@@ -373,6 +403,7 @@ def check_answer(
     min_support: float = 0.6,
     key_window: int = 0,
     quote: bool = False,
+    quote_off_question: bool = True,
 ) -> Answer:
     """Parse citations and apply the checks; a failed one makes the answer INSUFFICIENT_INFO
     with its :class:`Reason` (or, with ``quote``, a quote of the top passage stands in).
@@ -385,6 +416,8 @@ def check_answer(
         key_window: when > 0, every number or identifier the answer adds must occur in the cited
             text within this many words of a question word (``key_unanchored`` otherwise).
         quote: let the top passage's best sentence replace a failed or off-question answer.
+        quote_off_question: with ``quote``, also replace an answer that passed the checks but
+            holds far less of the question than that sentence (off: only failed answers).
     """
     text = clean_output(raw_output)
     if not evidence:
@@ -396,14 +429,14 @@ def check_answer(
     text = drop_foreign_markers(text, len(evidence))
     cited = sorted({int(n) for n in _CITATION.findall(text)})
     body = _CITATION.sub("", text).strip()
-    new_words = content_tokens(body) - content_tokens(question)
+    new_words = answer_words(body) - answer_words(question)
     empty = no_content(question, body, new_words)
     if empty:
         return Answer.insufficient_info(empty)
     cited = cited or cite_by_words(new_words, evidence)
     reason = grounding_failure(question, body, new_words, cited, evidence, min_support, key_window)
     keys = key_tokens(new_words, body)
-    if reason is None and quote:
+    if reason is None and quote and quote_off_question:
         # A supported answer can still be off the question: SmolLM2 sometimes copies the
         # neighbouring sentence ("read.fortran is a similar function" for "how do you read a
         # fixed-width file", where read.fwf is the answer). When the top passage has a sentence

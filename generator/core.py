@@ -35,6 +35,7 @@ class AnswerGenerator:
         key_window: int = 5,
         focus_sentences: int = 3,
         quote: bool = True,
+        quote_off_question: bool = True,
         tokenizer: str = "",
         verifier: AnswerVerifier | None = None,
     ) -> None:
@@ -46,6 +47,7 @@ class AnswerGenerator:
         self.key_window = key_window
         self.focus_sentences = focus_sentences
         self.quote = quote
+        self.quote_off_question = quote_off_question
         self.verifier = verifier
         """When set, an answer that passed the contract is returned only if the model,
         reading its cited passages again, confirms it (else ``not_confirmed``)."""
@@ -91,7 +93,13 @@ class AnswerGenerator:
             parts.append(delta)
             yield delta
         answer = check_answer(
-            question, "".join(parts), evidence, self.min_support, self.key_window, self.quote
+            question,
+            "".join(parts),
+            evidence,
+            self.min_support,
+            self.key_window,
+            self.quote,
+            self.quote_off_question,
         )
         if (
             self.verifier is not None

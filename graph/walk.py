@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from graph.build import CO_OCCURS, GraphIndex, _Tables
 from graph.entities import common, mentions, normalise
-from ragline.text import TOKEN, content_tokens, sentences
+from ragline.text import MIN_PART_WORDS, TOKEN, content_tokens, parts
 from ragline.types import Chunk, Hit
 
 
@@ -129,39 +129,6 @@ def walk(index: GraphIndex, query: str, config: WalkConfig | None = None) -> lis
         frontier = next_frontier
     ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[: config.max_hits]
     return [GraphHit(c, s, via[c][1]) for c, s in ranked]
-
-
-_AND_ASK = re.compile(
-    r",?\s+and\s+(?=(?:what|which|how|where|when|who|whom|whose|why|within|in what|for what)\b)",
-    re.IGNORECASE,
-)
-MIN_PART_WORDS = 3
-
-
-def parts(query: str) -> list[str]:
-    """The parts of a question that asks more than one thing (empty: it asks one): its
-    sentences ("X says Y. Which Z ...?"), and clauses joined by "and" + a question word ("What
-    margin ..., and within what tolerance ...?"). A part needs ``MIN_PART_WORDS`` content
-    words. This is the "multi-hop by a simple rule" test: each part is searched on its own."""
-    out = []
-    for sentence in sentences(query):
-        out += [
-            p.strip() for p in _AND_ASK.split(sentence) if len(content_tokens(p)) >= MIN_PART_WORDS
-        ]
-    return out if len(out) > 1 else []
-
-
-_ASKING = re.compile(
-    r"(what|which|how|where|when|who|whom|whose|why|within|in what|for what)\b", re.IGNORECASE
-)
-
-
-def asks(query: str) -> list[str]:
-    """The parts of a multi-part question that ask something (a question mark, or a question
-    word first), not those that set the scene ("X says Y."): empty for a one-part question.
-    The evidence filter reads a passage against each, as it was trained on one-part
-    questions."""
-    return [p for p in parts(query) if p.endswith("?") or _ASKING.match(p)]
 
 
 class GraphPath:

@@ -100,3 +100,37 @@ def _sentences(text: str) -> tuple[str, ...]:
         else:
             out.append(piece)
     return tuple(s for s in (p.strip() for p in out) if s)
+
+
+_AND_ASK = re.compile(
+    r",?\s+and\s+(?=(?:what|which|how|where|when|who|whom|whose|why|within|in what|for what)\b)",
+    re.IGNORECASE,
+)
+MIN_PART_WORDS = 3
+
+
+def parts(query: str) -> list[str]:
+    """The parts of a question that asks more than one thing (empty: it asks one): its
+    sentences ("X says Y. Which Z ...?"), and clauses joined by "and" + a question word ("What
+    margin ..., and within what tolerance ...?"). A part needs ``MIN_PART_WORDS`` content
+    words. This is the "multi-hop by a simple rule" test: the graph searches each part on its
+    own, and the gateway answers each asking part on its own."""
+    out = []
+    for sentence in sentences(query):
+        out += [
+            p.strip() for p in _AND_ASK.split(sentence) if len(content_tokens(p)) >= MIN_PART_WORDS
+        ]
+    return out if len(out) > 1 else []
+
+
+_ASKING = re.compile(
+    r"(what|which|how|where|when|who|whom|whose|why|within|in what|for what)\b", re.IGNORECASE
+)
+
+
+def asks(query: str) -> list[str]:
+    """The parts of a multi-part question that ask something (a question mark, or a question
+    word first), not those that set the scene ("X says Y."): empty for a one-part question.
+    The evidence filter reads a passage against each, as it was trained on one-part
+    questions, and the reader answers each, as it answers one thing at a time."""
+    return [p for p in parts(query) if p.endswith("?") or _ASKING.match(p)]

@@ -274,6 +274,7 @@ def build_generator(settings: Settings) -> AnswerGenerator:
         key_window=g.key_window,
         focus_sentences=g.focus_sentences,
         quote=g.quote,
+        quote_off_question=g.quote_off_question,
         verifier=build_verifier(settings, backend),
     )
 
@@ -412,6 +413,7 @@ def build_gateway(settings: Settings, indexer: Indexer[IndexBackend] | None = No
         default_options=options,
         evidence_k=k,
         metrics=metrics,
+        answer_parts=settings.generator.answer_parts,
     )
 
 
@@ -454,4 +456,5 @@ def _remote_gateway(settings: Settings, metrics: Metrics, limits: Limits) -> Gat
         default_options=default_options(settings, bool(settings.retriever.dense_model)),
         evidence_k=settings.generator.evidence_k,
         metrics=metrics,
+        answer_parts=settings.generator.answer_parts,
     )

@@ -20,9 +20,10 @@ from opentelemetry import trace
 from prometheus_client.core import Metric
 
 from credibility.filter import EvidenceFilter
-from graph.walk import asks
+from generator.parts import join_answers, part_evidence
 from ingest.batch import IngestReport
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, named
+from ragline.text import asks
 from ragline.types import Answer, Hit
 from retriever.search import RetrievalResult, SearchOptions
 from services.auth import Principal
@@ -67,6 +68,8 @@ class Gateway:
         fallback_filter: scores when ``evidence_filter`` is unavailable (None: Answer fails
             with UNAVAILABLE).
         default_options: the server's search defaults, which a request's options override.
+        answer_parts: answer a question that asks several things ("What X ..., and which Y
+            ...?") one part at a time, each from its own evidence (:mod:`generator.parts`).
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class Gateway:
         default_options: SearchOptions | None = None,
         fallback_filter: EvidenceFilter | None = None,
         metrics: Metrics | None = None,
+        answer_parts: bool = True,
     ) -> None:
         self._retriever = retriever
         self._index = index
@@ -93,6 +97,7 @@ class Gateway:
         """The selective graph path (None: off)."""
         self.limits = limits
         self.evidence_k = evidence_k
+        self.answer_parts = answer_parts
         self.default_options = default_options or SearchOptions()
         self.metrics = metrics or Metrics()
         self.metrics.watch(self._live_metrics)
@@ -330,20 +335,30 @@ class Gateway:
             Unavailable: the filter could not score and no fallback is configured; evidence
                 is never passed on unfiltered.
         """
+        return (await self._select_evidence(query, hits, threshold, asks))[0]
+
+    async def _select_evidence(
+        self, query: str, hits: Sequence[Hit], threshold: float, asks: Sequence[str]
+    ) -> tuple[list[Hit], list[list[float]]]:
+        """:meth:`select_evidence`, and each part's scores for the hits kept."""
         if not hits:
-            return []
+            return [], [[] for _ in asks]
         requested = threshold
         name, scores, threshold = await self.score_hits(query, hits, requested)
+        by_part = []
         for ask in asks:
             _, more, _ = await self.score_hits(ask, hits, requested)
+            by_part.append(more)
             scores = [max(a, b) for a, b in zip(scores, more, strict=True)]
         kept = []
-        for hit, score in zip(hits, scores, strict=True):
+        kept_at = []
+        for i, (hit, score) in enumerate(zip(hits, scores, strict=True)):
             if score >= threshold:
                 kept.append(replace(hit, stage_scores=dict(hit.stage_scores, **{name: score})))
+                kept_at.append(i)
         self.metrics.evidence.labels("kept").inc(len(kept))
         self.metrics.evidence.labels("dropped").inc(len(hits) - len(kept))
-        return kept
+        return kept, [[part[i] for i in kept_at] for part in by_part]
 
     # -- answers ---------------------------------------------------------------------------
     async def answer_stream(
@@ -365,12 +380,19 @@ class Gateway:
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
-        multi = asks(text) if self.graph is not None and search_options.graph else []
+        graph = self.graph is not None and search_options.graph
+        multi = asks(text) if graph or self.answer_parts else []
         with tracer.start_as_current_span("ragline.credibility"):
-            evidence = await self.select_evidence(text, retrieved.hits, threshold, multi)
+            evidence, part_scores = await self._select_evidence(
+                text, retrieved.hits, threshold, multi
+            )
         timings["credibility_ms"] = (time.perf_counter() - started) * 1000
+        if self.answer_parts and len(multi) > 1:
+            generation = self._answer_parts(multi, evidence, part_scores, max_new_tokens)
+        else:
+            generation = self.generator.stream(text, evidence, max_new_tokens)
         answer: Answer | None = None
-        async for item in self._timed_generation(text, evidence, max_new_tokens, timings):
+        async for item in self._timed_generation(generation, timings):
             if isinstance(item, Answer):
                 answer = item
             else:
@@ -380,16 +402,48 @@ class Gateway:
         self.metrics.answer(answer.insufficient, answer.reason)
         yield AnswerResult(answer, evidence, timings)
 
-    async def _timed_generation(
-        self, text: str, evidence: Sequence[Hit], max_new_tokens: int, timings: dict[str, float]
+    async def _answer_parts(
+        self,
+        parts: Sequence[str],
+        evidence: Sequence[Hit],
+        part_scores: Sequence[Sequence[float]],
+        max_new_tokens: int,
     ) -> AsyncIterator[str | Answer]:
-        """The generator's stream, timed: ``ttft_ms`` and ``generate_ms`` into ``timings``,
+        """Each part answered on its own, from the evidence ordered by that part's scores; the
+        raw deltas of each, "; " between them; then the joined answer, or INSUFFICIENT_INFO
+        (with that part's reason) as soon as one part has none: half an answer to a two-part
+        question is not its answer."""
+        answers = []
+        for number, (part, scores) in enumerate(zip(parts, part_scores, strict=True)):
+            if number:
+                yield "; "
+            order = part_evidence(scores)
+            answer: Answer | None = None
+            question = part if part.endswith("?") else f"{part}?"
+            async for item in self.generator.stream(
+                question, [evidence[i] for i in order], max_new_tokens
+            ):
+                if isinstance(item, Answer):
+                    answer = item
+                else:
+                    yield item
+            assert answer is not None
+            if answer.insufficient:
+                yield answer
+                return
+            answers.append((answer, order))
+        yield join_answers(answers)
+
+    async def _timed_generation(
+        self, generation: AsyncIterator[str | Answer], timings: dict[str, float]
+    ) -> AsyncIterator[str | Answer]:
+        """A generator stream, timed: ``ttft_ms`` and ``generate_ms`` into ``timings``,
         deltas and tokens/s into the metrics."""
         started = time.perf_counter()
         first: float | None = None
         deltas = 0
         with tracer.start_as_current_span("ragline.generate") as span:
-            async for item in self.generator.stream(text, evidence, max_new_tokens):
+            async for item in generation:
                 if not isinstance(item, Answer):
                     if first is None:
                         first = time.perf_counter()
@@ -427,7 +481,8 @@ class Gateway:
         self.check_evidence(evidence, "evidence")
         self.check_max_new_tokens(max_new_tokens)
         timings: dict[str, float] = {}
-        async for item in self._timed_generation(text, evidence, max_new_tokens, timings):
+        generation = self.generator.stream(text, evidence, max_new_tokens)
+        async for item in self._timed_generation(generation, timings):
             yield item
         self.metrics.stages(timings)
 

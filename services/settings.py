@@ -592,6 +592,14 @@ class GeneratorSettings(BaseSettings):
         "passage's best-matching sentence, verbatim and cited (if it holds 60% of the question's "
         "words) instead of INSUFFICIENT_INFO.",
     )
+    quote_off_question: bool = Field(
+        True,
+        description="With quote: also replace an answer that passed the checks by the top "
+        "passage's best sentence when that sentence holds far more of the question and none "
+        "of the answer's identifiers (SmolLM2 copies the neighbouring sentence). A stronger "
+        "reader's answer is often the value alone ('468pt × 622pt'), which holds few question "
+        "words: make run (Qwen-1.5B) turns this off.",
+    )
     key_window: int = Field(
         5,
         ge=0,
@@ -609,6 +617,13 @@ class GeneratorSettings(BaseSettings):
         "log-probabilities); costs one short prompt per answer (~2.8 s p50 for Qwen-1.5B on 2 "
         "cores). Dev set, Qwen-1.5B at evidence threshold 0.5: 0.7 turned 6 of 8 wrong answers "
         "and 2 of 24 right ones into INSUFFICIENT_INFO.",
+    )
+    answer_parts: bool = Field(
+        True,
+        description='A question that asks several things ("What X ..., and which Y ...?", or '
+        "two questions) is answered one part at a time, each from the evidence ordered by how "
+        "well it answers that part, each checked like any answer; the parts' answers are "
+        "joined with '; ', or the whole is INSUFFICIENT_INFO when one part has none.",
     )
     verify_focus_sentences: int = Field(
         2,

@@ -25,10 +25,12 @@ from generator.prompt import SYSTEM_PROMPT
 from generator.routing import estimate_tokens
 from generator.verify import AnswerVerifier
 from ragline.errors import ResourceExhausted
-from ragline.types import Chunk, Hit
+from ragline.text import asks
+from ragline.types import Answer, Chunk, Hit
 from ragline.v1 import common_pb2, stages_pb2, stages_pb2_grpc
 from retriever.encoders import SpladeEncoder
 from services.build import build_gateway
+from services.gateway import Gateway, Limits
 from services.server import start_server
 from tests.conftest import make_indexer, make_settings
 
@@ -258,6 +260,60 @@ async def test_the_second_reading_confirms_a_stated_answer_and_refuses_a_near_mi
     )
     refused = await strict.answer(question, hits)
     assert refused.insufficient and refused.reason == Reason.NOT_CONFIRMED
+
+
+BOILER = [
+    "The Harwick HX-7 weighs 38 kg and is mounted on a wall with two brackets.",
+    "The Harwick manual recommends a minimum working pressure of 2.4 bar for the HX-7; below "
+    "it the pump cycles too often.",
+    "Units run at lower pressures often develop a fault in the ignition relay, which then "
+    "trips the safety cut-out.",
+]
+
+
+def boiler_hits() -> list[Hit]:
+    return [
+        Hit(Chunk(f"boiler-{n}", "boiler", n, text, (n + 1,), "boiler.pdf"), 10.0 - n)
+        for n, text in enumerate(BOILER)
+    ]
+
+
+@pytest.mark.slow
+@needs_qwen
+async def test_a_two_part_question_is_answered_part_by_part_with_both_passages_cited(
+    qwen: LlamaCppBackend,
+) -> None:
+    question = (
+        "What minimum working pressure does the Harwick manual recommend for the HX-7, and "
+        "what kind of fault do lower pressures cause?"
+    )
+    parts = asks(question)
+    assert len(parts) == 2
+    hits = boiler_hits()
+    generator = AnswerGenerator(qwen, focus_sentences=2, verifier=AnswerVerifier(qwen, 0.5))
+    gateway = Gateway(Limits(default_k=4, max_k=20, max_query_chars=2000), generator=generator)
+    # The evidence filter's scores for each part: passage 2 answers the first, 3 the second.
+    scores = [[0.1, 0.9, 0.3], [0.1, 0.2, 0.8]]
+    events = [e async for e in gateway._answer_parts(parts, hits, scores, 48)]
+    answer = events[-1]
+    assert isinstance(answer, Answer) and not answer.insufficient, answer
+    assert "2.4 bar" in answer.text and "ignition relay" in answer.text
+    assert "; " in "".join(e for e in events if isinstance(e, str))
+    assert {c.chunk_id for c in answer.citations} == {"boiler-1", "boiler-2"}
+    for citation in answer.citations:  # numbered as the caller's evidence list
+        assert hits[citation.number - 1].chunk.chunk_id == citation.chunk_id
+        assert f"[{citation.number}]" in answer.text
+
+    # When no passage answers one part, the whole question has no answer: half of one is
+    # not its answer.
+    unanswered = (
+        "What minimum working pressure does the Harwick manual recommend for the HX-7, and "
+        "which refrigerant does its heat pump use?"
+    )
+    events = [
+        e async for e in gateway._answer_parts(asks(unanswered), hits, [scores[0], scores[0]], 48)
+    ]
+    assert isinstance(events[-1], Answer) and events[-1].insufficient
 
 
 async def test_length_buckets_keep_short_prompts_out_of_the_long_prompts_queue() -> None:

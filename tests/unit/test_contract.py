@@ -159,6 +159,50 @@ def test_number_next_to_the_asked_term_is_anchored() -> None:
     assert not answer.insufficient and answer.citations[0].number == 1
 
 
+def test_a_run_of_values_copied_whole_is_anchored_by_its_start() -> None:
+    evidence = [
+        hit(
+            "Wide tanks hold a working volume of 340 l × 2 bays, 680 l or 170 l per half bay, "
+            "depending on the fittings chosen.",
+            n=0,
+        )
+    ]
+    question = "What working volume does a wide tank hold?"
+    raw = "340 l × 2 bays, 680 l or 170 l per half bay [1]"
+    answer = check_answer(question, raw, evidence, key_window=5)
+    assert not answer.insufficient, answer.reason
+    # A value far from every question word and from the run stays unanchored.
+    far = [hit(evidence[0].chunk.text + " Spare gaskets ship in packs of 12 from the depot.")]
+    invented = check_answer(question, "340 l, sold in packs of 12 [1]", far, key_window=5)
+    assert invented.insufficient and invented.reason == "key_unanchored"
+
+
+def test_values_of_the_neighbouring_variant_are_no_answer() -> None:
+    evidence = [
+        hit(
+            "HX-2 tanks have a working volume of 340 l and weigh 80 kg. HX-4 tanks have a "
+            "working volume of 910 l and weigh 150 kg.",
+            n=0,
+        )
+    ]
+    question = "What working volume do HX-4 tanks have?"
+    neighbour = check_answer(question, "A working volume of 340 l [1].", evidence, key_window=5)
+    assert neighbour.insufficient and neighbour.reason == "key_unanchored"
+    right = check_answer(question, "A working volume of 910 l [1].", evidence, key_window=5)
+    assert not right.insufficient, right.reason
+
+
+def test_a_one_digit_answer_states_something() -> None:
+    evidence = [hit("The spare fuse sits in slot 3 of the lower panel.", n=0)]
+    answer = check_answer(
+        "Which slot of the lower panel holds the spare fuse?", "Slot 3 [1].", evidence
+    )
+    assert not answer.insufficient, answer.reason
+    assert check_answer(
+        "Which slot of the lower panel holds the spare fuse?", "Slot 7 [1].", evidence
+    ).insufficient
+
+
 # The R-data section as parser 4 chunks it, and what SmolLM2 really answered from it.
 SECTION = Hit(
     chunk=Chunk(
@@ -243,6 +287,13 @@ def test_a_supported_answer_off_the_question_gives_way_to_the_quote() -> None:
     assert "read.fortran" in check_answer(QUESTION, copied_neighbour, [passage]).text
     terse = check_answer(QUESTION, "read.fwf [1]", [passage], quote=True)
     assert terse.text == "read.fwf [1]"
+    # quotes for failed answers only: the supported answer stands, a failed one is quoted
+    kept = check_answer(QUESTION, copied_neighbour, [passage], quote=True, quote_off_question=False)
+    assert "read.fortran" in kept.text
+    failed = check_answer(
+        QUESTION, "Use scan() [1]", [passage], quote=True, quote_off_question=False
+    )
+    assert "read.fwf" in failed.text and not failed.insufficient
 
 
 DISTRIBUTIONS = Hit(

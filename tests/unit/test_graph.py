@@ -14,7 +14,8 @@ import pytest
 
 from graph.build import GraphConfig, GraphIndex
 from graph.entities import mentions, units
-from graph.walk import GraphPath, WalkConfig, asks, link, named_documents, parts, walk
+from graph.walk import GraphPath, WalkConfig, link, named_documents, walk
+from ragline.text import asks, parts
 from ragline.types import Chunk, Hit
 
 pytestmark = pytest.mark.unit
