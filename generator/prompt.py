@@ -68,6 +68,22 @@ def focus(question: str, text: str, max_sentences: int) -> str:
     return " ".join(parts[i] for i in sorted(best))
 
 
+def focus_hit(question: str, hit: Hit, max_units: int) -> str:
+    """:func:`focus` for a passage: a table's units are its rows, each with its column names
+    (:func:`table_rows`), one per line, so the rows the question names are kept whole and
+    say what each cell is; a table cut to its first sentences would be its caption and the
+    top of its grid, and the token budget would cut the row asked for. 0 = the whole text."""
+    if max_units <= 0 or hit.chunk.kind != "table":
+        return focus(question, hit.chunk.text, max_units)
+    units = table_rows(hit.chunk.text)
+    if not units:
+        return focus(question, hit.chunk.text, max_units)
+    asked = stems(question)
+    overlap = [len(asked & stems(u)) for u in units]
+    best = sorted(range(len(units)), key=lambda i: (-overlap[i], i))[:max_units]
+    return "\n".join(units[i] for i in sorted(best))
+
+
 def render_passages(
     evidence: Sequence[Hit],
     max_tokens: int,
@@ -87,7 +103,7 @@ def render_passages(
     left = max_tokens
     for number, hit in enumerate(evidence, start=1):
         chunk = hit.chunk
-        text = focus(question, chunk.text, focus_sentences) if question else chunk.text
+        text = focus_hit(question, hit, focus_sentences) if question else chunk.text
         text, used = budget.fit(text, left)
         if not text.strip():
             break

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from generator.prompt import focus
+from generator.prompt import focus_hit
 from ragline.types import Answer, Hit
 
 logger = logging.getLogger(__name__)
@@ -93,9 +93,7 @@ class AnswerVerifier:
         """The judge's P(yes) that the passages ``answer`` cites state it (all the evidence
         when it cites none)."""
         cited = [evidence[c.number - 1] for c in answer.citations if 0 < c.number <= len(evidence)]
-        passages = [
-            focus(question, hit.chunk.text, self.focus_sentences) for hit in cited or evidence
-        ]
+        passages = [focus_hit(question, hit, self.focus_sentences) for hit in cited or evidence]
         p = await self.judge.yes_probability(verify_messages(question, answer.text, passages))
         logger.debug("verifier: P(yes) %.3f for %r", p, answer.text[:80])
         return p

@@ -584,7 +584,8 @@ class GeneratorSettings(BaseSettings):
         3,
         ge=0,
         description="Give the model only each passage's N sentences sharing most words with "
-        "the question (0 = whole passages): a 135M model copies less noise, ~4x faster.",
+        "the question (a table's N rows, each with its column names; 0 = whole passages): a "
+        "135M model copies less noise, ~4x faster.",
     )
     quote: bool = Field(
         True,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from generator.contract import Reason, check_answer, clean_output
-from generator.prompt import SYSTEM_PROMPT, body_sentences, build_messages, focus
+from generator.prompt import SYSTEM_PROMPT, body_sentences, build_messages, focus, focus_hit
 from ragline.types import INSUFFICIENT_INFO, Chunk, Hit
 
 pytestmark = pytest.mark.unit
@@ -427,3 +427,36 @@ def test_a_table_answer_must_come_from_the_row_the_question_names() -> None:
     )
     right = check_answer(question, "It is lnorm [2].", [text_hit, table], 0.9, 5)
     assert not right.insufficient and [c.number for c in right.citations] == [2]
+
+
+TIMETABLE = Hit(
+    chunk=Chunk(
+        "ferry-3",
+        "ferry",
+        3,
+        "The timetable below lists each crossing of the harbour ferry.\n\n"
+        "| Route | Pier | Crossing time |\n"
+        "| --- | --- | --- |\n"
+        "| Lindholm | 7 | 12 minutes |\n"
+        "| Stenpiren | 2 | 9 minutes |\n"
+        "| Eriksberg | 4 | 15 minutes |\n"
+        "| Klippan | 5 | 20 minutes |",
+        (3,),
+        "ferry.pdf",
+        kind="table",
+    ),
+    score=10.0,
+)
+
+
+def test_a_table_is_focused_to_its_rows_the_question_names_with_the_column_names() -> None:
+    question = "How long is the crossing on the Eriksberg route?"
+    focused = focus_hit(question, TIMETABLE, 2)
+    assert "Route: Eriksberg; Pier: 4; Crossing time: 15 minutes" in focused.splitlines()
+    assert "Klippan" not in focused and len(focused.splitlines()) == 2
+    # the reader's prompt and the second reading see the same rows
+    assert (
+        "Route: Eriksberg" in build_messages(question, [TIMETABLE], focus_sentences=2)[1]["content"]
+    )
+    assert focus_hit(question, TIMETABLE, 0) == TIMETABLE.chunk.text
+    assert focus_hit(question, SECTION, 2) == focus(question, SECTION.chunk.text, 2)
