@@ -14,9 +14,21 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
+from ragline.text import asks
 from ragline.types import Answer
 
 _MARKER = re.compile(r"\[(\d{1,2})\]")
+
+MAX_PARTS = 3
+"""Parts answered one by one at most: a question asking more is answered whole, so a request
+costs at most this many answers (and second readings) whatever its text."""
+
+
+def bounded_asks(question: str) -> list[str]:
+    """The asking parts of a question (:func:`ragline.text.asks`), none when it asks more
+    than :data:`MAX_PARTS` things: it is then scored and answered whole."""
+    parts = asks(question)
+    return parts if len(parts) <= MAX_PARTS else []
 
 
 def part_evidence(scores: Sequence[float]) -> list[int]:

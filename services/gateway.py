@@ -20,10 +20,9 @@ from opentelemetry import trace
 from prometheus_client.core import Metric
 
 from credibility.filter import EvidenceFilter
-from generator.parts import join_answers, part_evidence
+from generator.parts import bounded_asks, join_answers, part_evidence
 from ingest.batch import IngestReport
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, named
-from ragline.text import asks
 from ragline.types import Answer, Hit
 from retriever.search import RetrievalResult, SearchOptions
 from services.auth import Principal
@@ -381,7 +380,9 @@ class Gateway:
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         graph = self.graph is not None and search_options.graph
-        multi = asks(text) if graph or self.answer_parts else []
+        # A question of many parts (a client's 2,000 characters of questions) is scored and
+        # answered whole: each part costs a scoring pass and an answer.
+        multi = bounded_asks(text) if graph or self.answer_parts else []
         with tracer.start_as_current_span("ragline.credibility"):
             evidence, part_scores = await self._select_evidence(
                 text, retrieved.hits, threshold, multi

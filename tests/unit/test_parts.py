@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from generator.parts import join_answers, part_evidence, renumber
+from generator.parts import MAX_PARTS, bounded_asks, join_answers, part_evidence, renumber
 from ragline.text import asks
 from ragline.types import Answer, Citation
 
@@ -56,3 +56,10 @@ def test_joined_parts_keep_each_text_and_cite_each_passage_once() -> None:
     assert joined.text == "It listens on port 7401 [2]; Idle clients time out after 90 s [1][2]."
     assert [c.number for c in joined.citations] == [2, 1]
     assert not joined.insufficient
+
+
+def test_a_question_of_many_parts_is_answered_whole() -> None:
+    many = " ".join(f"Which port does relay number {n} listen on?" for n in range(MAX_PARTS + 1))
+    assert len(asks(many)) == MAX_PARTS + 1 and bounded_asks(many) == []
+    few = " ".join(f"Which port does relay number {n} listen on?" for n in range(MAX_PARTS))
+    assert len(bounded_asks(few)) == MAX_PARTS
