@@ -7,7 +7,7 @@ from typing import Protocol
 
 from generator.budget import TokenBudget
 from generator.contract import Reason, check_answer
-from generator.prompt import build_messages
+from generator.prompt import build_messages, system_prompt_for
 from generator.verify import AnswerVerifier
 from ragline.types import Answer, Hit
 
@@ -49,6 +49,7 @@ class AnswerGenerator:
         self.quote = quote
         self.quote_off_question = quote_off_question
         self.verifier = verifier
+        self.system_prompt = system_prompt_for(str(getattr(backend, "model_id", "")))
         """When set, an answer that passed the contract is returned only if the model,
         reading its cited passages again, confirms it (else ``not_confirmed``)."""
 
@@ -86,7 +87,12 @@ class AnswerGenerator:
             yield Answer.insufficient_info(Reason.NO_EVIDENCE)
             return
         messages = build_messages(
-            question, evidence, self.max_evidence_tokens, self.focus_sentences, self.budget
+            question,
+            evidence,
+            self.max_evidence_tokens,
+            self.focus_sentences,
+            self.budget,
+            self.system_prompt,
         )
         parts: list[str] = []
         async for delta in self.backend.stream(messages, max_new_tokens or self.max_new_tokens):
