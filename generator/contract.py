@@ -67,7 +67,8 @@ class Reason(StrEnum):
     NOT_CONFIRMED = "not_confirmed"
 
 
-_CITATION = re.compile(r"\[(\d{1,2})\]")
+CITATION = re.compile(r"\[(\d{1,2})\]")
+"""A citation marker in an answer: ``[n]``, n the passage's number."""
 _LEAD_IN = re.compile(r"^\s*(the\s+)?answer(\s+is)?\s*:\s*", re.I)
 
 
@@ -355,7 +356,7 @@ def no_number(question: str, text: str) -> Reason | None:
 
 def drop_foreign_markers(text: str, n_passages: int) -> str:
     """The text without citation markers that name no passage ("[2]" with one passage)."""
-    kept = _CITATION.sub(lambda m: m.group() if 1 <= int(m.group(1)) <= n_passages else "", text)
+    kept = CITATION.sub(lambda m: m.group() if 1 <= int(m.group(1)) <= n_passages else "", text)
     return re.sub(r" {2,}", " ", kept).strip()
 
 
@@ -427,8 +428,8 @@ def check_answer(
     if not text:
         return Answer.insufficient_info(Reason.EMPTY_OUTPUT)
     text = drop_foreign_markers(text, len(evidence))
-    cited = sorted({int(n) for n in _CITATION.findall(text)})
-    body = _CITATION.sub("", text).strip()
+    cited = sorted({int(n) for n in CITATION.findall(text)})
+    body = CITATION.sub("", text).strip()
     new_words = answer_words(body) - answer_words(question)
     empty = no_content(question, body, new_words)
     if empty:
@@ -450,13 +451,13 @@ def check_answer(
         if found is None:
             return Answer.insufficient_info(reason)
         text, cited = f"{found[0]} [{found[1]}]", [found[1]]
-    reason = no_number(question, _CITATION.sub("", text))  # a quote may lack the number
+    reason = no_number(question, CITATION.sub("", text))  # a quote may lack the number
     if reason:
         return Answer.insufficient_info(reason)
     # A quoted sentence may carry markers of its own document ("... with [3] after it"): in
     # the answer they would read as citations it does not make.
-    text = re.sub(r"\s{2,}", " ", _CITATION.sub(lambda m: _kept(m, cited), text)).strip()
-    if not _CITATION.search(text):
+    text = re.sub(r"\s{2,}", " ", CITATION.sub(lambda m: _kept(m, cited), text)).strip()
+    if not CITATION.search(text):
         text = f"{text} " + "".join(f"[{n}]" for n in cited)
     return Answer(text=text, citations=citations_for(cited, evidence))
 

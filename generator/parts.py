@@ -10,14 +10,12 @@ citations numbered as the evidence the caller holds.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 
+from generator.contract import CITATION
 from ragline.text import asks
 from ragline.types import Answer
-
-_MARKER = re.compile(r"\[(\d{1,2})\]")
 
 MAX_PARTS = 3
 """Parts answered one by one at most: a question asking more is answered whole, so a request
@@ -44,7 +42,7 @@ def renumber(answer: Answer, order: Sequence[int]) -> Answer:
     def number(n: int) -> int:
         return order[n - 1] + 1 if 0 < n <= len(order) else n
 
-    text = _MARKER.sub(lambda m: f"[{number(int(m.group(1)))}]", answer.text)
+    text = CITATION.sub(lambda m: f"[{number(int(m.group(1)))}]", answer.text)
     citations = tuple(replace(c, number=number(c.number)) for c in answer.citations)
     return replace(answer, text=text, citations=citations)
 
