@@ -257,11 +257,13 @@ def feature_matrix(
 def encode_pairs(
     tokenizer: Any, queries: Sequence[str], passages: Sequence[str], max_length: int
 ) -> Any:
-    """Tokenise pairs, truncating only the passage: the query is always read whole."""
+    """Tokenise pairs, truncating the longer side first: the passage, so a query of up to
+    half of ``max_length`` is read whole (as "only the passage" would read it), and a longer
+    one (a client may send 2,000 characters of questions) is cut too instead of failing."""
     return tokenizer(
         list(queries),
         list(passages),
-        truncation="only_second",
+        truncation="longest_first",
         max_length=max_length,
         padding=True,
         return_tensors="pt",

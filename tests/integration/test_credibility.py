@@ -15,7 +15,7 @@ from grpc_status import rpc_status
 
 from credibility.distant import DistantConfig, pairs_from_index
 from credibility.lexical import context_of
-from credibility.model import PairClassifier, is_checkpoint
+from credibility.model import PairClassifier, encode_pairs, is_checkpoint
 from credibility.train import TrainConfig, train
 from ingest.batch import run_batch
 from ingest.chunker import ChunkerConfig
@@ -81,6 +81,24 @@ def test_the_passage_with_the_answer_outscores_its_near_miss(checkpoint: Path) -
     probs = clf.predict(question, [with_answer, without, off_topic])
     assert all(0.0 <= p <= 1.0 for p in probs)
     assert probs[0] > probs[1] and probs[0] > probs[2], probs
+
+
+def test_a_query_longer_than_the_pair_limit_is_scored(checkpoint: Path) -> None:
+    clf = PairClassifier(checkpoint, threads=2)
+    passage = "Function read.fwf provides a simple way to read fixed-width format files."
+    short = clf.predict("Which function reads fixed width format files?", [passage])
+    long = " ".join(f"Which function reads file format number {n}?" for n in range(60))
+    probs = clf.predict(long, [passage, "Bread needs flour, water and salt."])
+    assert len(probs) == 2 and all(0.0 <= p <= 1.0 for p in probs)
+    # a short query is read whole, only the passage cut: the same tokens as before
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint / "model")
+    question = "Which function reads fixed width format files?"
+    page = " ".join([passage] * 40)
+    now = encode_pairs(tokenizer, [question], [page], 64)["input_ids"]
+    before = tokenizer([question], [page], truncation="only_second", max_length=64)["input_ids"]
+    assert now[0].tolist() == before[0] and short.shape == (1,)
 
 
 def test_same_seed_same_model(rdata_store: Indexer, tmp_path: Path) -> None:
