@@ -25,11 +25,16 @@ from ragline.markdown import read_table
 from ragline.text import TOKEN, content_tokens, sentences, stem, stems
 from ragline.types import INSUFFICIENT_INFO, Answer, Citation, Hit
 
+_SYMBOL = re.compile(r"(?<![\w'’.$:-])([b-hj-zB-HJ-Z0-9])(?![\w'’$:-]|\.\w)")
+"""A character standing alone: a one-digit number or a one-letter name (the arguments ``m``,
+``n`` and ``k``; ``C``). Not "a" or "I", not the ``s`` of "R's" or the ``t`` of "don't"."""
+
 
 def answer_words(text: str) -> set[str]:
-    """The content words the checks compare (:func:`ragline.text.content_tokens`), and
-    one-digit numbers, which that drops as 1-character tokens: "Bit 4" states a number."""
-    return content_tokens(text) | {t for t in TOKEN.findall(text) if t.isdigit()}
+    """The content words the checks compare (:func:`ragline.text.content_tokens`), and the
+    1-character tokens that drops which still state something (:data:`_SYMBOL`): "Bit 4" states
+    a number, "the arguments m, n and k" three names."""
+    return content_tokens(text) | {c.lower() for c in _SYMBOL.findall(text)}
 
 
 class Reason(StrEnum):
@@ -279,8 +284,8 @@ def no_content(question: str, body: str, new_words: set[str]) -> Reason | None:
     """:attr:`Reason.NO_CONTENT` when the answer adds no word the question lacks, or only
     filler ("The function file creates connections to files compressed with bzip2" for "Which
     function creates connections to files compressed with bzip2?")."""
-    digits = {w for w in new_words if w.isdigit() and len(w) == 1}
-    if not new_words or not (stems(body) | digits) - stems(question) - FILLER:
+    short = {w for w in new_words if len(w) == 1}  # a one-digit number, a one-letter name
+    if not new_words or not (stems(body) | short) - stems(question) - FILLER:
         return Reason.NO_CONTENT
     return None
 
@@ -370,6 +375,23 @@ def cite_by_words(new_words: set[str], evidence: Sequence[Hit]) -> list[int]:
     return [n for c, n in coverage if c == best and c > 0][:2]
 
 
+def cite_the_rest(new_words: set[str], cited: Sequence[int], evidence: Sequence[Hit]) -> list[int]:
+    """``cited`` and the passages not cited that hold words of the answer the cited ones lack.
+
+    A small model cites one passage for an answer drawn from two ("`write.csv2` and
+    `read.csv2` [1]" with the second name in [3]): the answer is grounded in what it was
+    given, under-cited. The caller checks the answer again against the wider citations (and
+    the second reading then reads them all): nothing ungrounded passes this way."""
+    covered = answer_words(" ".join(support_of(evidence[n - 1]) for n in cited))
+    missing = new_words - covered
+    more = [
+        n
+        for n, hit in enumerate(evidence, start=1)
+        if n not in cited and missing & answer_words(support_of(hit))
+    ]
+    return sorted([*cited, *more])
+
+
 def grounding_failure(
     question: str,
     body: str,
@@ -436,6 +458,12 @@ def check_answer(
         return Answer.insufficient_info(empty)
     cited = cited or cite_by_words(new_words, evidence)
     reason = grounding_failure(question, body, new_words, cited, evidence, min_support, key_window)
+    if reason is Reason.UNSUPPORTED:
+        wider = cite_the_rest(new_words, cited, evidence)
+        if wider != cited and not grounding_failure(
+            question, body, new_words, wider, evidence, min_support, key_window
+        ):
+            reason, cited = None, wider
     keys = key_tokens(new_words, body)
     if reason is None and quote and quote_off_question:
         # A supported answer can still be off the question: SmolLM2 sometimes copies the
@@ -457,8 +485,9 @@ def check_answer(
     # A quoted sentence may carry markers of its own document ("... with [3] after it"): in
     # the answer they would read as citations it does not make.
     text = re.sub(r"\s{2,}", " ", CITATION.sub(lambda m: _kept(m, cited), text)).strip()
-    if not CITATION.search(text):
-        text = f"{text} " + "".join(f"[{n}]" for n in cited)
+    shown = {int(n) for n in CITATION.findall(text)}
+    if unshown := [n for n in cited if n not in shown]:  # no markers, or citations widened
+        text = f"{text} " + "".join(f"[{n}]" for n in unshown)
     return Answer(text=text, citations=citations_for(cited, evidence))
 
 

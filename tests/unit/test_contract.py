@@ -211,6 +211,37 @@ def test_a_one_digit_answer_states_something() -> None:
     ).insufficient
 
 
+def test_one_letter_names_state_something() -> None:
+    """One-letter parameter names are the answer, not noise, in backticks or not; a letter
+    the passages do not hold is still nothing to cite."""
+    evidence = [hit("The resize routine takes the arguments w, h and depth, in that order.")]
+    question = "Which arguments does the resize routine take?"
+    for raw in ("It takes `w` and `h` [1].", "The arguments are w and h [1]."):
+        answer = check_answer(question, raw, evidence, 0.9, 5)
+        assert not answer.insufficient, (raw, answer.reason)
+    assert check_answer(question, "It takes `w`, `q` [1].", evidence, 0.9, 5).insufficient
+    assert check_answer(question, "The routine takes arguments [1].", evidence).reason == (
+        "no_content"
+    )
+
+
+def test_an_answer_drawn_from_two_passages_cites_both() -> None:
+    """An answer citing one passage for two names, the second from another passage, is
+    grounded in what it was given: it cites both. A name no passage holds is still refused."""
+    evidence = [
+        hit("To save a table with semicolons, call store.semi on the data frame.", n=0),
+        hit("The recommended package foreign reads files from SPSS and Stata.", page=19, n=1),
+        hit("Saved tables load again with fetch.semi.", page=21, n=2),
+    ]
+    question = "Which calls save and load tables with semicolons?"
+    answer = check_answer(question, "Use store.semi and fetch.semi [1].", evidence, 0.9, 5)
+    assert not answer.insufficient, answer.reason
+    assert [c.number for c in answer.citations] == [1, 3]
+    assert answer.text == "Use store.semi and fetch.semi [1]. [3]"
+    invented = check_answer(question, "Use store.semi and grab.semi [1].", evidence, 0.9, 5)
+    assert invented.insufficient and invented.reason == "unsupported"
+
+
 # The R-data section as parser 4 chunks it, and what SmolLM2 really answered from it.
 SECTION = Hit(
     chunk=Chunk(
