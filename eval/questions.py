@@ -73,12 +73,22 @@ def occurs(part: str, text: str) -> bool:
     return re.search(pattern, text) is not None
 
 
+_LIST_AND = re.compile(r"\s*,?\s+and\s+")
+
+
+def fold_lists(text: str) -> str:
+    """A list written any of the usual ways reads the same: "a, b, and c", "a, b and c" and
+    "a, b, c" all become "a, b, c" (the serial comma is style, not a different answer)."""
+    return _LIST_AND.sub(", ", text)
+
+
 def answer_matches(answer: str, golds: Iterable[str]) -> bool:
     """Strict judging: a gold answer occurs, as whole words, in the answer's text without its
-    citation markers (case, quotes and whitespace folded); ``a; b`` golds need every part."""
-    text = normalize_text(strip_citations(answer))
+    citation markers (case, quotes, whitespace and list style folded); ``a; b`` golds need
+    every part."""
+    text = fold_lists(normalize_text(strip_citations(answer)))
     for gold in golds:
-        parts = [normalize_text(p) for p in gold.split(";")]
+        parts = [fold_lists(normalize_text(p)) for p in gold.split(";")]
         if all(occurs(p, text) for p in parts):
             return True
     return False

@@ -119,6 +119,11 @@ def test_answer_matching_folds_case_quotes_and_needs_every_multi_hop_part() -> N
     assert answer_matches("Use ‘READ.FWF’ here", ["'read.fwf'"])
     assert answer_matches("350 words and 7 figures", ["350; 7 figures"])
     assert not answer_matches("350 words", ["350; 7 figures"])
+    # a list is the same answer with or without the serial comma, or with commas only
+    for written in ("ash, elm, and oak", "ash, elm and oak", "ash, elm, oak"):
+        assert answer_matches(f"The trees are {written} [2].", ["ash, elm and oak"]), written
+        assert answer_matches(f"The trees are {written} [2].", ["ash, elm, oak"]), written
+    assert not answer_matches("The trees are ash and elm [2].", ["ash, elm and oak"])
 
 
 def test_answers_are_judged_strictly_without_citations_and_by_whole_words() -> None:
