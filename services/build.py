@@ -414,6 +414,7 @@ def build_gateway(settings: Settings, indexer: Indexer[IndexBackend] | None = No
         evidence_k=k,
         metrics=metrics,
         answer_parts=settings.generator.answer_parts,
+        evidence_candidates=settings.generator.evidence_candidates,
     )
 
 
@@ -457,4 +458,5 @@ def _remote_gateway(settings: Settings, metrics: Metrics, limits: Limits) -> Gat
         evidence_k=settings.generator.evidence_k,
         metrics=metrics,
         answer_parts=settings.generator.answer_parts,
+        evidence_candidates=settings.generator.evidence_candidates,
     )

@@ -84,6 +84,7 @@ class Gateway:
         fallback_filter: EvidenceFilter | None = None,
         metrics: Metrics | None = None,
         answer_parts: bool = True,
+        evidence_candidates: int = 0,
     ) -> None:
         self._retriever = retriever
         self._index = index
@@ -96,6 +97,9 @@ class Gateway:
         """The selective graph path (None: off)."""
         self.limits = limits
         self.evidence_k = evidence_k
+        self.evidence_candidates = evidence_candidates
+        """Retrieved passages the filter scores for an answer (0: ``k``); the first ``k`` it
+        keeps, in retrieval order, are the evidence."""
         self.answer_parts = answer_parts
         self.default_options = default_options or SearchOptions()
         self.metrics = metrics or Metrics()
@@ -373,9 +377,10 @@ class Gateway:
         self.check_max_new_tokens(max_new_tokens)
         search_options = replace(self.options(options), explain=False)
         started = time.perf_counter()
+        depth = max(k, self.evidence_candidates)
         with tracer.start_as_current_span("ragline.retrieve"):
-            retrieved = await self.retriever.search(text, k, search_options)
-        retrieved, _ = await self.expand(text, retrieved, k, search_options, append=True)
+            retrieved = await self.retriever.search(text, depth, search_options)
+        retrieved, _ = await self.expand(text, retrieved, depth, search_options, append=True)
         timings = {f"retrieve_{name}": ms for name, ms in retrieved.timings_ms.items()}
         timings["retrieve_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
@@ -387,6 +392,7 @@ class Gateway:
             evidence, part_scores = await self._select_evidence(
                 text, retrieved.hits, threshold, multi
             )
+        evidence, part_scores = evidence[:k], [scores[:k] for scores in part_scores]
         timings["credibility_ms"] = (time.perf_counter() - started) * 1000
         if self.answer_parts and len(multi) > 1:
             generation = self._answer_parts(multi, evidence, part_scores, max_new_tokens)

@@ -550,6 +550,14 @@ class GeneratorSettings(BaseSettings):
         "with a retry hint.",
     )
     evidence_k: int = Field(4, ge=1, le=20, description="Passages given to the model.")
+    evidence_candidates: int = Field(
+        8,
+        ge=1,
+        le=50,
+        description="Retrieved passages the evidence filter scores for an Answer; the first "
+        "evidence_k it keeps, in retrieval order, go to the model (a request's k, when larger, "
+        "wins). A passage that answers often ranks just below the top 4.",
+    )
     max_new_tokens: int = Field(
         96, ge=1, le=4096, description="Generated tokens when a request does not say."
     )

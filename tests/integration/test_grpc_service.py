@@ -280,3 +280,52 @@ async def test_a_new_generation_sweeps_the_cache_entries_of_older_ones(  # type:
     assert not client.keys(old + "*")
     assert client.keys(f"{cache.prefix}g{after.index_generation}:*")
     await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="quokka-care"), timeout=30)
+
+
+class KeepsNaming:
+    """An evidence filter that keeps the passages naming one word: which passages it keeps
+    is what the test sets, whatever their retrieval rank."""
+
+    name = "keeps_naming"
+    calibrated = False
+    threshold = 0.5
+    model_id = "keeps_naming"
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    def warm_up(self) -> None:
+        return None
+
+    async def score(self, query: str, hits) -> list[float]:  # type: ignore[no-untyped-def]
+        return [float(self.word in h.chunk.text) for h in hits]
+
+
+async def test_the_filter_reads_passages_ranked_below_the_top_k(
+    tmp_path: Path, redis_url: str, encoder: SpladeEncoder
+) -> None:
+    """The evidence filter scores the top ``evidence_candidates`` retrieved passages, so a
+    passage it keeps at rank 5-8 still reaches the model; with 4 candidates nothing would."""
+    settings = make_settings(tmp_path, redis_url)
+    settings.generator.backend = "transformers"
+    gateway = build_gateway(settings, make_indexer(settings.retriever.index_dir, encoder))
+    gateway.warm_up(generator=False)
+    sheds = [
+        f"Garden shed {n} stores the lawn mower, the rakes and the hedge trimmer for the "
+        f"lawn mower season; shed {n} lawn mower notes."
+        for n in range(7)
+    ]
+    sheds.append("The lawn mower blades are sharpened by the caretaker every spring.")
+    paths = [str(write_pdf(tmp_path / f"shed-{n}.pdf", [text])) for n, text in enumerate(sheds)]
+    await gateway.ingest(paths, [])
+    gateway._filter = KeepsNaming("caretaker")
+    question = "Who looks after the lawn mower?"
+    ranked = await gateway.retriever.search(question, 8, gateway.options(None))
+    rank = [h.chunk.text for h in ranked.hits].index(sheds[-1])
+    assert rank >= 4, rank  # the passage that answers ranks below the top 4
+    result = await gateway.answer(question, max_new_tokens=8)
+    assert [h.chunk.doc_id for h in result.evidence] == ["shed-7"]
+    gateway.evidence_candidates = 4
+    result = await gateway.answer(question, max_new_tokens=8)
+    assert result.evidence == [] and result.answer.reason == "no_evidence"
+    await gateway.close()
