@@ -22,6 +22,12 @@ def hit(text: str, doc: str = "R-data", page: int = 14, n: int = 0) -> Hit:
     return Hit(chunk=chunk, score=10.0)
 
 
+def table_hit(text: str, doc: str, page: int, n: int, score: float = 10.0) -> Hit:
+    """A table chunk (its text a caption and a Markdown grid)."""
+    chunk = Chunk(f"{doc}-{n}", doc, n, text, (page,), f"{doc}.pdf", kind="table")
+    return Hit(chunk=chunk, score=score)
+
+
 EVIDENCE = [
     hit("Function read.fwf provides a simple way to read fixed-width format files.", n=0),
     hit("The recommended package foreign reads files from SPSS and Stata.", page=19, n=1),
@@ -335,22 +341,16 @@ def test_a_supported_answer_off_the_question_gives_way_to_the_quote() -> None:
     assert "read.fwf" in failed.text and not failed.insufficient
 
 
-DISTRIBUTIONS = Hit(
-    chunk=Chunk(
-        "R-intro-140",
-        "R-intro",
-        140,
-        "Functions are provided to evaluate the cumulative distribution function P(X <= x).\n\n"
-        "| Distribution | R name | additional arguments |\n"
-        "| --- | --- | --- |\n"
-        "| beta | beta | shape1, shape2, ncp |\n"
-        "| hypergeometric | hyper | m, n, k |\n"
-        "| log-normal | lnorm | meanlog, sdlog |",
-        (42,),
-        "R-intro.pdf",
-        kind="table",
-    ),
-    score=10.0,
+DISTRIBUTIONS = table_hit(
+    "Functions are provided to evaluate the cumulative distribution function P(X <= x).\n\n"
+    "| Distribution | R name | additional arguments |\n"
+    "| --- | --- | --- |\n"
+    "| beta | beta | shape1, shape2, ncp |\n"
+    "| hypergeometric | hyper | m, n, k |\n"
+    "| log-normal | lnorm | meanlog, sdlog |",
+    "R-intro",
+    42,
+    140,
 )
 
 
@@ -444,17 +444,8 @@ def test_an_initial_does_not_end_a_sentence() -> None:
 
 
 def test_a_table_answer_must_come_from_the_row_the_question_names() -> None:
-    table = Hit(
-        chunk=Chunk(
-            "R-intro-141",
-            "R-intro",
-            141,
-            DISTRIBUTIONS.chunk.text + "\n| Poisson | pois | lambda |",
-            (42,),
-            "R-intro.pdf",
-            kind="table",
-        ),
-        score=9.0,
+    table = table_hit(
+        DISTRIBUTIONS.chunk.text + "\n| Poisson | pois | lambda |", "R-intro", 42, 141, 9.0
     )
     text_hit = hit("Functions are provided to evaluate the cumulative distribution function.")
     question = "What is the R name of the log-normal distribution?"
@@ -468,23 +459,17 @@ def test_a_table_answer_must_come_from_the_row_the_question_names() -> None:
     assert not right.insufficient and [c.number for c in right.citations] == [2]
 
 
-TIMETABLE = Hit(
-    chunk=Chunk(
-        "ferry-3",
-        "ferry",
-        3,
-        "The timetable below lists each crossing of the harbour ferry.\n\n"
-        "| Route | Pier | Crossing time |\n"
-        "| --- | --- | --- |\n"
-        "| Lindholm | 7 | 12 minutes |\n"
-        "| Stenpiren | 2 | 9 minutes |\n"
-        "| Eriksberg | 4 | 15 minutes |\n"
-        "| Klippan | 5 | 20 minutes |",
-        (3,),
-        "ferry.pdf",
-        kind="table",
-    ),
-    score=10.0,
+TIMETABLE = table_hit(
+    "The timetable below lists each crossing of the harbour ferry.\n\n"
+    "| Route | Pier | Crossing time |\n"
+    "| --- | --- | --- |\n"
+    "| Lindholm | 7 | 12 minutes |\n"
+    "| Stenpiren | 2 | 9 minutes |\n"
+    "| Eriksberg | 4 | 15 minutes |\n"
+    "| Klippan | 5 | 20 minutes |",
+    "ferry",
+    3,
+    3,
 )
 
 
