@@ -49,9 +49,10 @@ class AnswerGenerator:
         self.quote = quote
         self.quote_off_question = quote_off_question
         self.verifier = verifier
-        self.system_prompt = system_prompt_for(str(getattr(backend, "model_id", "")))
         """When set, an answer that passed the contract is returned only if the model,
         reading its cited passages again, confirms it (else ``not_confirmed``)."""
+        self.system_prompt = system_prompt_for(str(getattr(backend, "model_id", "")))
+        """The answering prompt this backend's model was measured with."""
 
     @property
     def model_id(self) -> str:
