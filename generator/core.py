@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from generator.budget import TokenBudget
+from generator.cells import read_cell
 from generator.contract import Reason, check_answer
 from generator.prompt import build_messages, system_prompt_for
 from generator.verify import AnswerVerifier
@@ -24,7 +25,8 @@ class TextBackend(Protocol):
 
 class AnswerGenerator:
     """Prompt → backend → contract (→ verifier, when set). Empty evidence never reaches the
-    model."""
+    model; with ``read_cells``, a table cell the question names by row and column stands in
+    for the model's writing (:mod:`generator.cells`), checked the same way."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class AnswerGenerator:
         focus_sentences: int = 3,
         quote: bool = True,
         quote_off_question: bool = True,
+        read_cells: bool = False,
         tokenizer: str = "",
         verifier: AnswerVerifier | None = None,
     ) -> None:
@@ -48,6 +51,9 @@ class AnswerGenerator:
         self.focus_sentences = focus_sentences
         self.quote = quote
         self.quote_off_question = quote_off_question
+        self.read_cells = read_cells
+        """Answer a question that names a kept table's row and column with that cell, without
+        the model writing it (:func:`generator.cells.read_cell`)."""
         self.verifier = verifier
         """When set, an answer that passed the contract is returned only if the model,
         reading its cited passages again, confirms it (else ``not_confirmed``)."""
@@ -87,18 +93,24 @@ class AnswerGenerator:
         if not evidence:
             yield Answer.insufficient_info(Reason.NO_EVIDENCE)
             return
-        messages = build_messages(
-            question,
-            evidence,
-            self.max_evidence_tokens,
-            self.focus_sentences,
-            self.budget,
-            self.system_prompt,
-        )
         parts: list[str] = []
-        async for delta in self.backend.stream(messages, max_new_tokens or self.max_new_tokens):
-            parts.append(delta)
-            yield delta
+        cell = read_cell(question, evidence) if self.read_cells else None
+        if cell is not None:
+            parts.append(cell.text)
+            yield cell.text
+        else:
+            messages = build_messages(
+                question,
+                evidence,
+                self.max_evidence_tokens,
+                self.focus_sentences,
+                self.budget,
+                self.system_prompt,
+            )
+            limit = max_new_tokens or self.max_new_tokens
+            async for delta in self.backend.stream(messages, limit):
+                parts.append(delta)
+                yield delta
         answer = check_answer(
             question,
             "".join(parts),

@@ -25,6 +25,7 @@ from generator.prompt import SYSTEM_PROMPT
 from generator.routing import estimate_tokens
 from generator.verify import AnswerVerifier
 from ragline.errors import ResourceExhausted
+from ragline.markdown import to_markdown
 from ragline.text import asks
 from ragline.types import Answer, Chunk, Hit
 from ragline.v1 import common_pb2, stages_pb2, stages_pb2_grpc
@@ -314,6 +315,49 @@ async def test_a_two_part_question_is_answered_part_by_part_with_both_passages_c
         e async for e in gateway._answer_parts(asks(unanswered), hits, [scores[0], scores[0]], 48)
     ]
     assert isinstance(events[-1], Answer) and events[-1].insufficient
+
+
+TIDES = "High water at the Marrow Quay gauges, spring tides:\n\n" + to_markdown(
+    ["Gauge", "Morning high water", "Evening high water"],
+    [
+        ["North pier", "06:12", "18:40"],
+        ["South pier", "06:31", "19:02"],
+        ["Lock gate", "06:20", "18:51"],
+    ],
+)
+
+
+@needs_qwen
+async def test_a_table_cell_the_question_names_is_read_without_generating(
+    qwen: LlamaCppBackend,
+) -> None:
+    hits = [
+        Hit(
+            Chunk(
+                "quay-0",
+                "quay",
+                0,
+                "The Marrow Quay gauges are read twice a day.",
+                (2,),
+                "quay.pdf",
+            ),
+            2.0,
+        ),
+        Hit(Chunk("quay-1", "quay", 1, TIDES, (2,), "quay.pdf", kind="table"), 1.0),
+    ]
+    question = "At spring tides, when is evening high water at the South pier?"
+    reading = AnswerGenerator(
+        qwen, focus_sentences=2, read_cells=True, verifier=AnswerVerifier(qwen, 0.5)
+    )
+    generated = len(qwen.recent)
+    answer = await reading.answer(question, hits)
+    assert not answer.insufficient, answer
+    assert "19:02" in answer.text and [c.chunk_id for c in answer.citations] == ["quay-1"]
+    assert len(qwen.recent) == generated  # read, not written: only the second reading ran
+    # Off, the same question goes to the model, which writes its answer.
+    writing = AnswerGenerator(qwen, focus_sentences=2, read_cells=False)
+    await writing.answer(question, hits)
+    assert len(qwen.recent) == generated + 1
 
 
 async def test_length_buckets_keep_short_prompts_out_of_the_long_prompts_queue() -> None:

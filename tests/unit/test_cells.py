@@ -1,0 +1,103 @@
+"""Reading a cell off a table: the row the question quotes, the column its words name."""
+
+from __future__ import annotations
+
+import pytest
+
+from generator.cells import read_cell, read_table_cell
+from generator.contract import check_answer
+from ragline.markdown import to_markdown
+from ragline.types import Chunk, Hit
+
+pytestmark = pytest.mark.unit
+
+FORMATS = "Archive formats the backup tool writes:\n\n" + to_markdown(
+    ["Format", "File extension", "Compression level range"],
+    [
+        ["gzip", ".gz", "1-9"],
+        ["bzip2", ".bz2", "1-9"],
+        ["xz", ".xz", "0-9"],
+        ["zstd", ".zst", "1-19"],
+        ["zstd-long", ".zst", "1-22"],
+    ],
+)
+
+
+def hit(text: str, n: int, kind: str = "text") -> Hit:
+    chunk = Chunk(f"manual-{n}", "manual", n, text, (3,), "manual.pdf", kind=kind)
+    return Hit(chunk=chunk, score=1.0)
+
+
+def test_the_cell_where_the_named_row_and_column_cross_is_read() -> None:
+    read = read_table_cell("Which file extension does the tool give zstd archives?", FORMATS, 2)
+    assert read is not None
+    assert (read.row_name, read.column, read.cell, read.number) == (
+        "zstd",
+        "File extension",
+        ".zst",
+        2,
+    )
+    assert read.text == "zstd, File extension: .zst [2]"
+
+
+def test_a_row_is_named_by_a_whole_cell_not_by_part_of_a_longer_word() -> None:
+    # "zstd" inside "zstd-long" names the zstd-long row only.
+    read = read_table_cell("What compression level range does zstd-long accept?", FORMATS)
+    assert read is not None and read.cell == "1-22"
+
+
+def test_no_column_named_reads_nothing() -> None:
+    assert read_table_cell("Is bzip2 slower than gzip?", FORMATS) is None
+    assert read_table_cell("Who wrote xz?", FORMATS) is None
+
+
+def test_two_rows_named_alike_read_nothing() -> None:
+    question = "What compression level range do gzip and bzip2 accept?"
+    assert read_table_cell(question, FORMATS) is None
+
+
+def test_a_row_the_table_lacks_reads_nothing() -> None:
+    assert read_table_cell("Which file extension does lz4 use?", FORMATS) is None
+
+
+def test_numbers_and_one_letter_cells_do_not_name_a_row() -> None:
+    table = to_markdown(["Level", "Name", "Speed"], [["1", "a", "fast"], ["9", "best", "slow"]])
+    assert read_table_cell("What speed does level 1 have?", table) is None
+    assert read_table_cell("What speed does best have?", table) is not None
+
+
+def test_of_two_named_columns_the_one_named_next_to_the_row_is_read() -> None:
+    sizes = "Sizes before and after the patch:\n\n" + to_markdown(
+        ["Library", "Before", "After"], [["libquill.so", "40960", "38012"]]
+    )
+    read = read_table_cell("Comparing before and after, what is the after libquill.so size?", sizes)
+    assert read is not None and read.cell == "38012"
+
+
+def test_a_two_column_table_that_lost_its_header_reads_the_other_cell() -> None:
+    continued = to_markdown(
+        ["ferry", "40 minutes"], [["tram", "12 minutes"], ["bus", "20 minutes"]]
+    )
+    read = read_table_cell("How often does the tram run?", continued)
+    assert read is not None and read.cell == "12 minutes" and read.column == ""
+    assert read.text == "tram: 12 minutes [1]"
+
+
+def test_the_first_table_passage_with_a_cell_answers_and_prose_is_never_read() -> None:
+    evidence = [
+        hit("The backup tool compresses with gzip unless told otherwise.", 0),
+        hit(FORMATS, 1, kind="table"),
+    ]
+    read = read_cell("Which file extension does the tool give xz archives?", evidence)
+    assert read is not None and read.number == 2 and read.cell == ".xz"
+    assert read_cell("Which file extension does the tool give xz archives?", evidence[:1]) is None
+
+
+def test_a_cell_read_passes_the_answer_contract() -> None:
+    evidence = [hit(FORMATS, 0, kind="table")]
+    question = "What compression level range does xz accept?"
+    read = read_cell(question, evidence)
+    assert read is not None
+    answer = check_answer(question, read.text, evidence, min_support=0.9, key_window=5)
+    assert not answer.insufficient and "0-9" in answer.text
+    assert [c.chunk_id for c in answer.citations] == ["manual-0"]
