@@ -275,6 +275,7 @@ def build_generator(settings: Settings) -> AnswerGenerator:
         focus_sentences=g.focus_sentences,
         quote=g.quote,
         quote_off_question=g.quote_off_question,
+        read_cells=g.read_cells,
         verifier=build_verifier(settings, backend),
     )
 
@@ -415,6 +416,7 @@ def build_gateway(settings: Settings, indexer: Indexer[IndexBackend] | None = No
         metrics=metrics,
         answer_parts=settings.generator.answer_parts,
         evidence_candidates=settings.generator.evidence_candidates,
+        read_cells=settings.generator.read_cells,
     )
 
 
@@ -459,4 +461,5 @@ def _remote_gateway(settings: Settings, metrics: Metrics, limits: Limits) -> Gat
         metrics=metrics,
         answer_parts=settings.generator.answer_parts,
         evidence_candidates=settings.generator.evidence_candidates,
+        read_cells=settings.generator.read_cells,
     )

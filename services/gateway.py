@@ -20,6 +20,7 @@ from opentelemetry import trace
 from prometheus_client.core import Metric
 
 from credibility.filter import EvidenceFilter
+from generator.cells import CELL_STAGE, names_a_cell
 from generator.parts import bounded_asks, join_answers, part_evidence
 from ingest.batch import IngestReport
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, named
@@ -85,6 +86,7 @@ class Gateway:
         metrics: Metrics | None = None,
         answer_parts: bool = True,
         evidence_candidates: int = 0,
+        read_cells: bool = False,
     ) -> None:
         self._retriever = retriever
         self._index = index
@@ -101,6 +103,9 @@ class Gateway:
         """Retrieved passages the filter scores for an answer (0: ``k``); the first ``k`` it
         keeps, in retrieval order, are the evidence."""
         self.answer_parts = answer_parts
+        self.read_cells = read_cells
+        """A retrieved table whose cell the question names by row and column is evidence
+        whatever the filter scored it, placed first (:func:`generator.cells.names_a_cell`)."""
         self.default_options = default_options or SearchOptions()
         self.metrics = metrics or Metrics()
         self.metrics.watch(self._live_metrics)
@@ -353,15 +358,25 @@ class Gateway:
             _, more, _ = await self.score_hits(ask, hits, requested)
             by_part.append(more)
             scores = [max(a, b) for a, b in zip(scores, more, strict=True)]
+        # The filter, trained on prose, scores a table by its words; a table whose row and
+        # column the question names holds its answer in one cell (read without the model).
+        cells = [
+            [self.read_cells and names_a_cell(ask, hit) for ask in (query, *asks)] for hit in hits
+        ]
         kept = []
         kept_at = []
         for i, (hit, score) in enumerate(zip(hits, scores, strict=True)):
-            if score >= threshold:
-                kept.append(replace(hit, stage_scores=dict(hit.stage_scores, **{name: score})))
+            if score >= threshold or any(cells[i]):
+                stages = {name: score} | ({CELL_STAGE: 1.0} if any(cells[i]) else {})
+                kept.append(replace(hit, stage_scores=dict(hit.stage_scores, **stages)))
                 kept_at.append(i)
+        order = sorted(range(len(kept)), key=lambda n: not any(cells[kept_at[n]]))
+        kept, kept_at = [kept[n] for n in order], [kept_at[n] for n in order]
         self.metrics.evidence.labels("kept").inc(len(kept))
         self.metrics.evidence.labels("dropped").inc(len(hits) - len(kept))
-        return kept, [[part[i] for i in kept_at] for part in by_part]
+        return kept, [
+            [1.0 if cells[i][1 + j] else part[i] for i in kept_at] for j, part in enumerate(by_part)
+        ]
 
     # -- answers ---------------------------------------------------------------------------
     async def answer_stream(

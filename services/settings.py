@@ -627,6 +627,14 @@ class GeneratorSettings(BaseSettings):
         "cores). Dev set, Qwen-1.5B at evidence threshold 0.5: 0.7 turned 6 of 8 wrong answers "
         "and 2 of 24 right ones into INSUFFICIENT_INFO.",
     )
+    read_cells: bool = Field(
+        True,
+        description="A question naming a row of a retrieved table (a cell's whole text) and a "
+        "column (its header's words) is answered with that cell, verbatim and cited, without "
+        "the model writing it (generator.cells); the table is evidence whatever the filter "
+        "scored it, and the answer contract and the second reading still check the answer. "
+        "Anything less clear-cut goes to the model as before.",
+    )
     answer_parts: bool = Field(
         True,
         description='A question that asks several things ("What X ..., and which Y ...?", or '

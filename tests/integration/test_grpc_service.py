@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import grpc
+import pymupdf
 import pytest
 import redis
 from google.rpc import error_details_pb2
@@ -328,4 +329,62 @@ async def test_the_filter_reads_passages_ranked_below_the_top_k(
     gateway.evidence_candidates = 4
     result = await gateway.answer(question, max_new_tokens=8)
     assert result.evidence == [] and result.answer.reason == "no_evidence"
+    await gateway.close()
+
+
+def write_table_pdf(path: Path, lead: str, rows: list[list[str]], after: str) -> Path:
+    """A real PDF page: a sentence, a ruled table (first row the header), a paragraph."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_textbox(pymupdf.Rect(56, 56, 540, 120), lead, fontsize=11)
+    for r, cells in enumerate(rows):
+        for c, text in enumerate(cells):
+            box = pymupdf.Rect(56 + c * 160, 130 + r * 22, 216 + c * 160, 152 + r * 22)
+            page.draw_rect(box, color=(0, 0, 0), width=0.8)
+            page.insert_text((box.x0 + 4, box.y1 - 7), text, fontsize=10)
+    page.insert_textbox(pymupdf.Rect(56, 160 + len(rows) * 22, 540, 780), after, fontsize=11)
+    doc.save(path)
+    doc.close()
+    return path
+
+
+async def test_a_table_whose_cell_the_question_names_is_evidence_and_read(
+    tmp_path: Path, redis_url: str, encoder: SpladeEncoder
+) -> None:
+    """A retrieved table whose row and column the question names is kept, first, whatever
+    the filter scored it, and its cell is the answer (no model writes it); with the reading
+    of cells off, the filter alone decides."""
+    settings = make_settings(tmp_path, redis_url)
+    settings.generator.backend = "transformers"
+    gateway = build_gateway(settings, make_indexer(settings.retriever.index_dir, encoder))
+    gateway.warm_up(generator=False)
+    tides = write_table_pdf(
+        tmp_path / "tides.pdf",
+        "Table 1: High water at the Marrow Quay gauges during spring tides.",
+        [
+            ["Gauge", "Morning high water", "Evening high water"],
+            ["North pier", "06:12", "18:40"],
+            ["South pier", "06:31", "19:02"],
+            ["Lock gate", "06:20", "18:51"],
+        ],
+        "The harbour office reads the gauges twice a day; the quay is closed to boats during "
+        "spring tides.",
+    )
+    await gateway.ingest([str(tides)], [])
+    chunks = (await gateway.retriever.search("Marrow Quay gauges", 8, gateway.options(None))).hits
+    assert any(h.chunk.kind == "table" for h in chunks)
+    gateway._filter = KeepsNaming("harbour")  # scores the table 0
+    question = "When is evening high water at the South pier?"
+    result = await gateway.answer(question, max_new_tokens=8)
+    assert not result.answer.insufficient, result.answer
+    assert "19:02" in result.answer.text and "18:40" not in result.answer.text
+    assert result.evidence[0].chunk.kind == "table"
+    assert result.evidence[0].stage_scores["cell"] == 1.0
+    assert result.answer.citations[0].chunk_id == result.evidence[0].chunk.chunk_id
+    # A question naming no column of it: the filter alone decides, the table stays out.
+    unnamed = await gateway.answer("Who reads the South pier gauge?", max_new_tokens=8)
+    assert all(h.chunk.kind != "table" for h in unnamed.evidence)
+    gateway.read_cells = False
+    result = await gateway.answer(question, max_new_tokens=8)
+    assert all(h.chunk.kind != "table" for h in result.evidence)
     await gateway.close()
