@@ -37,6 +37,15 @@ def answer_words(text: str) -> set[str]:
     return content_tokens(text) | {c.lower() for c in _SYMBOL.findall(text)}
 
 
+def new_content(body: str, question: str) -> set[str]:
+    """The answer's words that the question lacks, also in another form: "recommended" adds
+    nothing to "which functions does it recommend"; counted as new, it made a right answer
+    phrased in the question's words fail the support check when the passage words it
+    otherwise."""
+    asked = stems(question)
+    return {w for w in answer_words(body) - answer_words(question) if stem(w) not in asked}
+
+
 class Reason(StrEnum):
     """Why an answer is INSUFFICIENT_INFO: :attr:`Answer.reason`, and the ``reason`` label of
     ``ragline_insufficient_total``. The values are the wire strings clients and reports read.
@@ -452,7 +461,7 @@ def check_answer(
     text = drop_foreign_markers(text, len(evidence))
     cited = sorted({int(n) for n in CITATION.findall(text)})
     body = CITATION.sub("", text).strip()
-    new_words = answer_words(body) - answer_words(question)
+    new_words = new_content(body, question)
     empty = no_content(question, body, new_words)
     if empty:
         return Answer.insufficient_info(empty)

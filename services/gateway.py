@@ -20,7 +20,7 @@ from opentelemetry import trace
 from prometheus_client.core import Metric
 
 from credibility.filter import EvidenceFilter
-from generator.cells import CELL_STAGE, names_a_cell
+from generator.cells import CELL_STAGE, named_cells
 from generator.parts import bounded_asks, join_answers, part_evidence
 from ingest.batch import IngestReport
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, named
@@ -360,9 +360,10 @@ class Gateway:
             scores = [max(a, b) for a, b in zip(scores, more, strict=True)]
         # The filter, trained on prose, scores a table by its words; a table whose row and
         # column the question names holds its answer in one cell (read without the model).
-        cells = [
-            [self.read_cells and names_a_cell(ask, hit) for ask in (query, *asks)] for hit in hits
-        ]
+        if self.read_cells and any(hit.chunk.kind == "table" for hit in hits):
+            cells = await asyncio.to_thread(named_cells, [query, *asks], hits)
+        else:
+            cells = [[False] * (1 + len(asks)) for _ in hits]
         kept = []
         kept_at = []
         for i, (hit, score) in enumerate(zip(hits, scores, strict=True)):
