@@ -7,16 +7,16 @@ the question's words name ("R name"). The 1.5B reader, given that very row, wrot
 (its own knowledge of R) and one of three link functions for another; a cell read here is the
 cell, verbatim. It is used only when both ends are unambiguous:
 
-- the row: some cell's whole text occurs in the question as a phrase (at word boundaries, not
-  inside ``log-normal`` for ``normal``), holds a letter and a content word of two or more
-  characters; the row quoting the most question words wins, a tie reads nothing;
-- the column: among the row's other non-empty cells, the one whose header shares the most
-  stemmed words with the question (at least one); of tied columns, the one whose header word
-  the question puts nearest the row's ("the new line10.pfb" of "old and new"), else nothing
-  is read; a two-column table
-  whose row is named has one other cell, read even when the header says nothing (a table
-  continued from an earlier passage has lost its header);
-- the cell is not itself in the question.
+- the row: some cell's whole text occurs in the question as a phrase (token for token, so not
+  ``normal`` inside ``log-normal``), holds a letter and a content word of two or more
+  characters; the row quoting the most question words wins, and when that row has no single
+  column below, or another row quotes as many and reads another cell, nothing is read;
+- the column: among the row's other non-empty cells that the question does not itself hold,
+  the one whose header shares the most stemmed words with the question (at least one); of
+  tied columns, the one whose header word the question puts right next to the row's name
+  ("the *new* line10.pfb"), else nothing is read (a question asking for both);
+- the question asks one thing (:func:`ragline.text.asks`): half an answer to a question asking
+  two is not its answer.
 
 Everything else goes to the model as before. The read still passes the answer contract and,
 where it is on, the second reading (:mod:`generator.verify`).
@@ -24,14 +24,22 @@ where it is on, the second reading (:mod:`generator.verify`).
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ragline.markdown import read_table
-from ragline.text import TOKEN, content_tokens, stems
+from ragline.markdown import TableText, read_table
+from ragline.text import TOKEN, asks, content_tokens, stems
 from ragline.types import Hit
 
 _QUOTES = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"'})
+
+NEXT_TO = 2
+"""Tokens between the row's name and a column's header word for that column to win a tie
+("the new line10.pfb": 1)."""
+
+_MARKER = re.compile(r"\[(\d{1,2})\]")
 
 
 def _tokens(text: str) -> list[str]:
@@ -40,42 +48,69 @@ def _tokens(text: str) -> list[str]:
     return [t.lower() for t in TOKEN.findall(text.translate(_QUOTES))]
 
 
+def _normal(text: str) -> str:
+    return " ".join(text.translate(_QUOTES).lower().split())
+
+
 class Asked:
     """A question, tokenised once for every cell of every table it is matched against: a
-    cell is looked up by its first token, never by a pattern built per cell (a 2,000-character
-    question against 20 tables of 60 rows stays in the milliseconds)."""
+    cell is looked up by its first token and a header word by its stem, never by a pattern
+    built per cell or a scan of the question per row."""
 
     def __init__(self, question: str) -> None:
-        self.text = " ".join(question.translate(_QUOTES).lower().split())
+        self.text = _normal(question)
         self.tokens = _tokens(question)
+        self.token_set = set(self.tokens)
         self.stems = stems(question)
-        self.token_stems = [stems(t) for t in self.tokens]
+        self.one_thing = len(asks(question)) <= 1
         self.at: dict[str, list[int]] = {}
+        self.stem_at: dict[str, list[int]] = {}
+        self._quoted: dict[str, list[int]] = {}
+        self._near: dict[tuple[frozenset[str], tuple[int, ...]], int] = {}
         for i, token in enumerate(self.tokens):
             self.at.setdefault(token, []).append(i)
+            for s in stems(token):
+                self.stem_at.setdefault(s, []).append(i)
 
-    def quoted_at(self, cell: str) -> int | None:
-        """The token position where the cell's whole text occurs in the question as a
-        phrase, token for token (so not ``normal`` inside ``log-normal``, nor ``exp`` inside
-        ``exp2``); None when it does not, or when the cell holds no letter or no content word
-        of two or more characters."""
+    def quoted_at(self, cell: str) -> list[int]:
+        """The token positions where the cell's whole text occurs in the question as a
+        phrase, token for token; empty when it does not, or when the cell holds no letter or
+        no content word of two or more characters. Remembered per cell text: a row's name
+        recurs from table to table."""
+        found = self._quoted.get(cell)
+        if found is None:
+            found = self._quoted[cell] = self._quoted_at(cell)
+        return found
+
+    def _quoted_at(self, cell: str) -> list[int]:
         words = _tokens(cell)
-        if not words or words[0] not in self.at:
-            return None
-        if " ".join(cell.translate(_QUOTES).lower().split()) not in self.text:
-            return None  # its characters, too: ".xz" is not named by "xz archives"
+        if not words or words[0] not in self.at or _normal(cell) not in self.text:
+            return []  # its characters, too: ".xz" is not named by "xz archives"
         if not any(c.isalpha() for c in cell) or not any(len(t) > 1 for t in content_tokens(cell)):
-            return None
-        for i in self.at[words[0]]:
-            if self.tokens[i : i + len(words)] == words:
-                return i
-        return None
+            return []
+        n = len(words)
+        return [i for i in self.at[words[0]] if self.tokens[i : i + n] == words]
 
-    def distance(self, words: set[str], at: int) -> int:
-        """Tokens between position ``at`` and the question's nearest word whose stem is in
-        ``words`` ("the *new* line10.pfb": the column named next to the row)."""
-        gaps = [abs(i - at) for i, found in enumerate(self.token_stems) if found & words]
-        return min(gaps, default=len(self.tokens))
+    def holds(self, cell: str) -> bool:
+        """Whether the question holds the cell already, its text and every token (it would
+        add nothing: "2" for "does it take 2 arguments?")."""
+        words = _tokens(cell)
+        return (
+            bool(words) and all(w in self.token_set for w in words) and _normal(cell) in self.text
+        )
+
+    def distance(self, words: set[str], places: Sequence[int]) -> int:
+        """Tokens between the nearest of ``places`` and the question's nearest word whose
+        stem is in ``words``."""
+        key = (frozenset(words), tuple(places))
+        if key not in self._near:
+            found = sorted(i for w in words for i in self.stem_at.get(w, ()))
+            gaps = [len(self.tokens)]
+            for p in places:  # the nearest found position on either side of each place
+                k = bisect.bisect_left(found, p)
+                gaps += [abs(found[n] - p) for n in (k - 1, k) if 0 <= n < len(found)]
+            self._near[key] = min(gaps)
+        return self._near[key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +125,10 @@ class CellRead:
     @property
     def text(self) -> str:
         """The answer: what was looked up and the cell, cited ("log-normal, R name: lnorm
-        [2]")."""
-        asked = f"{self.row_name}, {self.column}" if self.column else self.row_name
-        return f"{asked}: {self.cell} [{self.number}]"
+        [2]"). A marker inside a cell ("see [2]") is written "(2)": it cites nothing."""
+        cell = _MARKER.sub(r"(\1)", self.cell)
+        asked = _MARKER.sub(r"(\1)", f"{self.row_name}, {self.column}")
+        return f"{asked}: {cell} [{self.number}]"
 
 
 CELL_STAGE = "cell"
@@ -103,15 +139,20 @@ cells, whatever the evidence filter scored it."""
 def names_a_cell(question: str | Asked, hit: Hit) -> bool:
     """Whether ``hit`` is a table with a cell the question names by row and column. The
     evidence filter, trained on prose, scores a table by its words (the dev set's gold tables
-    sat at 0.35-0.46, below its 0.5 step, where the prose passage around the same table
+    sat at 0.13-0.46, below its 0.5 step, where the prose passage around the same table
     passed); the gateway keeps such a table whatever its score, first."""
     return hit.chunk.kind == "table" and read_table_cell(question, hit.chunk.text) is not None
 
 
 def named_cells(questions: Sequence[str], hits: Sequence[Hit]) -> list[list[bool]]:
-    """For each hit, for each question (the whole, then its parts): :func:`names_a_cell`."""
+    """For each hit, for each question (the whole, then its parts): :func:`names_a_cell`,
+    each table parsed once."""
     asked = [Asked(q) for q in questions]
-    return [[names_a_cell(a, hit) for a in asked] for hit in hits]
+    out = []
+    for hit in hits:
+        table = read_table(hit.chunk.text) if hit.chunk.kind == "table" else None
+        out.append([table is not None and cell_of(a, table) is not None for a in asked])
+    return out
 
 
 def read_cell(question: str, evidence: Sequence[Hit]) -> CellRead | None:
@@ -128,41 +169,52 @@ def read_cell(question: str, evidence: Sequence[Hit]) -> CellRead | None:
 
 def read_table_cell(question: str | Asked, markdown: str, number: int = 1) -> CellRead | None:
     """The cell of one table (a table chunk's Markdown) the question names by row and
-    column, or None (no row named, no column named, or a tie at either)."""
-    table = read_table(markdown)
-    if not table.rows:
-        return None
+    column, or None (no row named, no column named, a tie at either, or a question asking
+    several things)."""
     q = question if isinstance(question, Asked) else Asked(question)
-    asked = q.stems
+    return cell_of(q, read_table(markdown), number)
+
+
+def cell_of(q: Asked, table: TableText, number: int = 1) -> CellRead | None:
+    """:func:`read_table_cell` on a parsed table."""
+    if not table.rows or not q.one_thing:
+        return None
     width = max(len(table.header), *(len(r) for r in table.rows))
     header = (table.header + [""] * width)[:width]
-    heads = [asked & stems(h) for h in header]
+    heads = [q.stems & stems(h) for h in header]
+    most_named = 0
     best: tuple[int, int] | None = None
     found: list[CellRead] = []
     for cells in table.rows:
         row = (cells + [""] * width)[:width]
-        at = {i: q.quoted_at(cell) if cell else None for i, cell in enumerate(row)}
-        anchors = [i for i in range(width) if at[i] is not None]
+        at = {i: q.quoted_at(cell) if cell else [] for i, cell in enumerate(row)}
+        anchors = [i for i in range(width) if at[i]]
         if not anchors:
             continue
         named = set().union(*(stems(row[i]) for i in anchors))
+        most_named = max(most_named, len(named & q.stems))
         others = [j for j in range(width) if j not in anchors and row[j].strip()]
+        others = [j for j in others if not q.holds(row[j])]
         if not others:
             continue
         scores = {j: len(heads[j] - named) for j in others}
         top = max(scores.values())
+        if top == 0:
+            continue
         columns = [j for j in others if scores[j] == top]
-        if top > 0 and len(columns) > 1:  # "old and new ... the new line10.pfb": the nearer
-            where = at[anchors[0]] or 0
-            near = {j: q.distance(heads[j] - named, where) for j in columns}
-            columns = [j for j in columns if near[j] == min(near.values())]
-        if len(columns) != 1 or (top == 0 and not (width == 2 and len(others) == 1)):
+        if len(columns) > 1:  # "old and new ... the new line10.pfb": the one next to the row
+            places = [p for i in anchors for p in at[i]]
+            near = {j: q.distance(heads[j] - named, places) for j in columns}
+            columns = [j for j in columns if near[j] == min(near.values()) <= NEXT_TO]
+        if len(columns) != 1:
             continue
         j = columns[0]
-        score = (len(named & asked), top)
-        read = CellRead(number, row[anchors[0]], header[j] if top else "", row[j])
+        score = (len(named & q.stems), top)
+        read = CellRead(number, row[anchors[0]], header[j], row[j])
         if best is None or score > best:
             best, found = score, [read]
         elif score == best:
             found.append(read)
-    return found[0] if len(found) == 1 else None
+    if best is None or best[0] < most_named or len(found) != 1:
+        return None  # the row the question names most has no single column, or a tie
+    return found[0]

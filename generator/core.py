@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -94,7 +95,8 @@ class AnswerGenerator:
             yield Answer.insufficient_info(Reason.NO_EVIDENCE)
             return
         parts: list[str] = []
-        cell = read_cell(question, evidence) if self.read_cells else None
+        tables = self.read_cells and any(hit.chunk.kind == "table" for hit in evidence)
+        cell = await asyncio.to_thread(read_cell, question, evidence) if tables else None
         if cell is not None:
             parts.append(cell.text)
             yield cell.text

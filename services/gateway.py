@@ -101,7 +101,8 @@ class Gateway:
         self.evidence_k = evidence_k
         self.evidence_candidates = evidence_candidates
         """Retrieved passages the filter scores for an answer (0: ``k``); the first ``k`` it
-        keeps, in retrieval order, are the evidence."""
+        keeps, in retrieval order (a table whose cell the question names first), are the
+        evidence."""
         self.answer_parts = answer_parts
         self.read_cells = read_cells
         """A retrieved table whose cell the question names by row and column is evidence
@@ -334,7 +335,8 @@ class Gateway:
     async def select_evidence(
         self, query: str, hits: Sequence[Hit], threshold: float = 0.0, asks: Sequence[str] = ()
     ) -> list[Hit]:
-        """Hits whose filter score reaches ``threshold`` (0 = the filter's own). ``asks``: the
+        """Hits whose filter score reaches ``threshold`` (0 = the filter's own), and, with
+        ``read_cells``, tables whose cell the question names (first). ``asks``: the
         asking parts of a multi-part question; a hit's score is then the best of its score for
         the whole question and for each part (a two-passage answer has each passage answer
         one part).

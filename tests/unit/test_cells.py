@@ -63,7 +63,8 @@ def test_a_row_the_table_lacks_reads_nothing() -> None:
 def test_numbers_and_one_letter_cells_do_not_name_a_row() -> None:
     table = to_markdown(["Level", "Name", "Speed"], [["1", "a", "fast"], ["9", "best", "slow"]])
     assert read_table_cell("What speed does level 1 have?", table) is None
-    assert read_table_cell("What speed does best have?", table) is not None
+    read = read_table_cell("What speed does best have?", table)
+    assert read is not None and read.cell == "slow"
 
 
 def test_of_two_named_columns_the_one_named_next_to_the_row_is_read() -> None:
@@ -74,13 +75,45 @@ def test_of_two_named_columns_the_one_named_next_to_the_row_is_read() -> None:
     assert read is not None and read.cell == "38012"
 
 
-def test_a_two_column_table_that_lost_its_header_reads_the_other_cell() -> None:
-    continued = to_markdown(
-        ["ferry", "40 minutes"], [["tram", "12 minutes"], ["bus", "20 minutes"]]
+def test_a_column_the_question_does_not_name_is_never_read() -> None:
+    # Two columns, the row named, nothing said of the other column: no answer in it.
+    options = to_markdown(["Option", "Default"], [["--verbose", "FALSE"], ["--jobs", "1"]])
+    assert read_table_cell("Is the --verbose option deprecated?", options) is None
+    assert read_table_cell("What default does --verbose have?", options) is not None
+
+
+def test_a_question_asking_for_both_columns_reads_neither() -> None:
+    paths = to_markdown(["Tool", "Old path", "New path"], [["gamma", "/opt/g", "/usr/lib/g"]])
+    assert read_table_cell("For gamma, what are the old path and the new path?", paths) is None
+    read = read_table_cell("Where is the new gamma path?", paths)
+    assert read is not None and read.cell == "/usr/lib/g"
+
+
+def test_a_question_asking_two_things_reads_nothing() -> None:
+    question = "What file extension does xz use, and which tool wrote the archive?"
+    assert read_table_cell(question, FORMATS) is None
+
+
+def test_the_row_named_most_wins_or_nothing_is_read() -> None:
+    # "zstd long mode" is named by more of the question than "zstd", and has no level: the
+    # weaker row's level is not read in its place.
+    table = to_markdown(
+        ["Format", "Level", "Window"], [["zstd", "3", "8M"], ["zstd long mode", "", ""]]
     )
-    read = read_table_cell("How often does the tram run?", continued)
-    assert read is not None and read.cell == "12 minutes" and read.column == ""
-    assert read.text == "tram: 12 minutes [1]"
+    assert read_table_cell("Which level does zstd long mode use?", table) is None
+    read = read_table_cell("Which level does zstd use?", table)
+    assert read is not None and read.cell == "3"
+
+
+def test_a_marker_inside_a_cell_cites_nothing() -> None:
+    notes = to_markdown(["Term", "Defined in"], [["quorum", "section 4 [2]"]])
+    read = read_table_cell("Where is quorum defined?", notes)
+    assert read is not None and read.text == "quorum, Defined in: section 4 (2) [1]"
+
+
+def test_a_cell_the_question_already_holds_is_no_answer() -> None:
+    table = to_markdown(["Distribution", "Parameters"], [["gamma", "2"]])
+    assert read_table_cell("Does gamma take 2 parameters?", table) is None
 
 
 def test_the_first_table_passage_with_a_cell_answers_and_prose_is_never_read() -> None:
