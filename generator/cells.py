@@ -25,10 +25,10 @@ where it is on, the second reading (:mod:`generator.verify`).
 from __future__ import annotations
 
 import bisect
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from generator.contract import CITATION
 from ragline.markdown import TableText, read_table
 from ragline.text import TOKEN, asks, content_tokens, stems
 from ragline.types import Hit
@@ -38,8 +38,6 @@ _QUOTES = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"'})
 NEXT_TO = 2
 """Tokens between the row's name and a column's header word for that column to win a tie
 ("the new line10.pfb": 1)."""
-
-_MARKER = re.compile(r"\[(\d{1,2})\]")
 
 
 def _tokens(text: str) -> list[str]:
@@ -126,8 +124,8 @@ class CellRead:
     def text(self) -> str:
         """The answer: what was looked up and the cell, cited ("log-normal, R name: lnorm
         [2]"). A marker inside a cell ("see [2]") is written "(2)": it cites nothing."""
-        cell = _MARKER.sub(r"(\1)", self.cell)
-        asked = _MARKER.sub(r"(\1)", f"{self.row_name}, {self.column}")
+        cell = CITATION.sub(r"(\1)", self.cell)
+        asked = CITATION.sub(r"(\1)", f"{self.row_name}, {self.column}")
         return f"{asked}: {cell} [{self.number}]"
 
 
@@ -136,17 +134,12 @@ CELL_STAGE = "cell"
 cells, whatever the evidence filter scored it."""
 
 
-def names_a_cell(question: str | Asked, hit: Hit) -> bool:
-    """Whether ``hit`` is a table with a cell the question names by row and column. The
-    evidence filter, trained on prose, scores a table by its words (the dev set's gold tables
-    sat at 0.13-0.46, below its 0.5 step, where the prose passage around the same table
-    passed); the gateway keeps such a table whatever its score, first."""
-    return hit.chunk.kind == "table" and read_table_cell(question, hit.chunk.text) is not None
-
-
 def named_cells(questions: Sequence[str], hits: Sequence[Hit]) -> list[list[bool]]:
-    """For each hit, for each question (the whole, then its parts): :func:`names_a_cell`,
-    each table parsed once."""
+    """For each hit, for each question (the whole, then its parts): whether the hit is a
+    table with a cell that question names by row and column (:func:`cell_of`), each table
+    parsed once. The evidence filter, trained on prose, scores a table by its words (the dev
+    set's gold tables sat at 0.13-0.46, below its 0.5 step, where the prose passage around
+    the same table passed); the gateway keeps such a table whatever its score, first."""
     asked = [Asked(q) for q in questions]
     out = []
     for hit in hits:

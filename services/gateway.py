@@ -106,7 +106,7 @@ class Gateway:
         self.answer_parts = answer_parts
         self.read_cells = read_cells
         """A retrieved table whose cell the question names by row and column is evidence
-        whatever the filter scored it, placed first (:func:`generator.cells.names_a_cell`)."""
+        whatever the filter scored it, placed first (:func:`generator.cells.named_cells`)."""
         self.default_options = default_options or SearchOptions()
         self.metrics = metrics or Metrics()
         self.metrics.watch(self._live_metrics)
