@@ -47,8 +47,9 @@ credibility:
 ##      filter's 0.5 step, 2 sentences per passage in 256 tokens, and every answer read a second
 ##      time by the model (below 0.7 it becomes INSUFFICIENT_INFO). `ragline serve` alone keeps
 ##      the library's defaults (SmolLM2, 0.85, no second reading). Quotes stand in for failed
-##      answers only (a terse right answer is not swapped for a sentence). A value set in the
-##      environment wins over these.
+##      answers only (a terse right answer is not swapped for a sentence); a name or number the
+##      answer adds must sit within 10 words of a question word in what it cites (the second
+##      reading checks the rest). A value set in the environment wins over these.
 serve eval: export RAGLINE_GENERATOR_BACKEND ?= llamacpp
 serve eval: export RAGLINE_GENERATOR_MODEL ?= packaged:qwen2.5-coder-1.5b-instruct
 serve eval: export RAGLINE_GENERATOR_FOCUS_SENTENCES ?= 2
@@ -56,6 +57,7 @@ serve eval: export RAGLINE_GENERATOR_MAX_EVIDENCE_TOKENS ?= 256
 serve eval: export RAGLINE_GENERATOR_VERIFY_MIN_P ?= 0.7
 serve eval: export RAGLINE_CREDIBILITY_THRESHOLD ?= 0.5
 serve eval: export RAGLINE_GENERATOR_QUOTE_OFF_QUESTION ?= false
+serve eval: export RAGLINE_GENERATOR_KEY_WINDOW ?= 10
 
 serve:
 	$(BIN)/ragline serve --port $(PORT)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from generator.budget import TokenBudget
 from ragline.markdown import read_table
-from ragline.text import sentences, stems
+from ragline.text import asking, sentences, stems
 from ragline.types import INSUFFICIENT_INFO, Hit
 
 _GROUNDING = (
@@ -87,10 +87,18 @@ def focus(question: str, text: str, max_sentences: int) -> str:
 
 
 def closest(question: str, units: Sequence[str], n: int) -> list[str]:
-    """The ``n`` units sharing the most stemmed words with the question, in their order."""
+    """The ``n`` units sharing the most stemmed words with the question's asking part
+    (:func:`ragline.text.asking`), then with the whole question, in their order.
+
+    A question whose first sentence sets the scene ("The R FAQ says compilation flags can be
+    overridden by personal Makevars files. Which variable points to an alternative personal
+    Makevars file?") shares most words with the passage's sentence that restates the scene;
+    the sentence that answers shares them with the asking part."""
     asked = stems(question)
-    overlap = [len(asked & stems(u)) for u in units]
-    best = sorted(range(len(units)), key=lambda i: (-overlap[i], i))[:n]
+    part = asking(question)
+    first = stems(part) if part != question else asked
+    overlap = [(len(first & s), len(asked & s)) for s in map(stems, units)]
+    best = sorted(range(len(units)), key=lambda i: (-overlap[i][0], -overlap[i][1], i))[:n]
     return [units[i] for i in sorted(best)]
 
 

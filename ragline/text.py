@@ -133,4 +133,18 @@ def asks(query: str) -> list[str]:
     word first), not those that set the scene ("X says Y."): empty for a one-part question.
     The evidence filter reads a passage against each, as it was trained on one-part
     questions, and the reader answers each, as it answers one thing at a time."""
-    return [p for p in parts(query) if p.endswith("?") or _ASKING.match(p)]
+    return [p for p in parts(query) if _asks_something(p)]
+
+
+def _asks_something(part: str) -> bool:
+    return part.endswith("?") or bool(_ASKING.match(part))
+
+
+def asking(query: str) -> str:
+    """The one part of a question that asks, when the others only set the scene ("The R FAQ
+    says X. Which variable, according to the manual, sets Y?" → the second sentence); else
+    the question. The scene names what a first passage says; the answer is in a passage the
+    asking part describes."""
+    whole = parts(query)
+    asked = [p for p in whole if _asks_something(p)]
+    return asked[0] if len(asked) == 1 and len(whole) > 1 else query

@@ -281,6 +281,20 @@ def test_focus_keeps_the_on_topic_sentences_in_order() -> None:
     assert "punched" not in messages[1]["content"]
 
 
+def test_focus_prefers_the_sentences_the_asking_part_describes() -> None:
+    text = (
+        "Kettle lids can be replaced by spare kettle lids from the copper catalogue. "
+        "The storeroom keeps its spare lids on shelf K7. "
+        "Handles are sold separately."
+    )
+    scene = "The copper catalogue says kettle lids can be replaced by spare kettle lids. "
+    # the scene shares most words with the first sentence, the asking part with the second
+    assert focus(scene + "Which shelf holds the spare lids?", text, 1) == (
+        "The storeroom keeps its spare lids on shelf K7."
+    )
+    assert focus("Which catalogue lists spare kettle lids?", text, 1).startswith("Kettle lids")
+
+
 def test_body_sentences_drop_the_section_heading() -> None:
     first = body_sentences(SECTION)[0]
     assert first.startswith("Sometimes data files")

@@ -15,7 +15,7 @@ import pytest
 from graph.build import GraphConfig, GraphIndex
 from graph.entities import mentions, units
 from graph.walk import GraphPath, WalkConfig, link, named_documents, walk
-from ragline.text import asks, parts
+from ragline.text import asking, asks, parts
 from ragline.types import Chunk, Hit
 
 pytestmark = pytest.mark.unit
@@ -158,6 +158,15 @@ def test_a_question_that_asks_two_things_has_two_parts() -> None:
     # the parts the evidence filter reads a passage against: those that ask, not the scene
     assert asks(two[0] + " " + two[1]) == [two[1]]
     assert asks("What colour is the lid?") == []
+
+
+def test_the_asking_part_of_a_question_that_sets_a_scene() -> None:
+    scene = "The catalogue lists a spare lid for the copper kettle. "
+    question = "Which shelf of the storeroom holds that spare lid?"
+    assert asking(scene + question) == question
+    assert asking(question) == question  # one part: the question itself
+    two = "What size is the blue lid, and within what tolerance must lids fit?"
+    assert asking(two) == two  # two parts that ask: no one part stands for it
 
 
 def _hits(chunks: Sequence[Chunk]) -> list[Hit]:
