@@ -198,22 +198,45 @@ class OnnxQuery:
         return self.int8_ok
 
     def _check_int8(self) -> bool:
+        """:meth:`int8_ready`'s check. A cached graph that does not load or does not pass (a
+        file torn or truncated on disk, one left by another build) is removed and made again
+        once; only a freshly made graph that fails keeps documents in float32."""
         assert self.tokens is not None, "int8 documents need the encoder's tokenizer"
-        try:
-            session = self._open(self.int8_graph(), spinning=True)
-            for probe in INT8_PROBES:
-                ids = np.asarray([self.tokens(probe)], dtype=np.int64)
-                want = self._session.run(None, {"input_ids": ids})[0]
-                got = session.run(None, {"input_ids": ids})[0]
-                cosine = float(got @ want) / float(np.linalg.norm(got) * np.linalg.norm(want))
-                if not cosine >= INT8_MIN_COSINE:
-                    raise ValueError(f"cosine {cosine:.4f} with the float32 graph on a probe")
-        except Exception as exc:  # any failure of the quantizer or the runtime: float32
-            logger.warning("%s documents stay in float32 (int8 graph unusable: %s)", self.kind, exc)
-            return False
-        self._bulk[True] = session
-        logger.info("%s documents through the int8 graph (%s)", self.kind, self.int8_path.name)
-        return True
+        for attempt in range(2):
+            cached = self.int8_path.exists()
+            try:
+                session = self._open(self.int8_graph(), spinning=True)
+                self._probe(session)
+            except Exception as exc:  # any failure of the quantizer or the runtime
+                if cached and attempt == 0:
+                    logger.warning(
+                        "the cached %s int8 graph %s is unusable (%s): making it again",
+                        self.kind,
+                        self.int8_path.name,
+                        exc,
+                    )
+                    self.int8_path.unlink(missing_ok=True)
+                    continue
+                logger.warning(
+                    "%s documents stay in float32 (int8 graph unusable: %s)", self.kind, exc
+                )
+                return False
+            self._bulk[True] = session
+            logger.info("%s documents through the int8 graph (%s)", self.kind, self.int8_path.name)
+            return True
+        return False
+
+    def _probe(self, session: Any) -> None:
+        """Raise unless ``session`` keeps :data:`INT8_MIN_COSINE` with the float32 graph on
+        every :data:`INT8_PROBES` passage."""
+        assert self.tokens is not None
+        for probe in INT8_PROBES:
+            ids = np.asarray([self.tokens(probe)], dtype=np.int64)
+            want = self._session.run(None, {"input_ids": ids})[0]
+            got = session.run(None, {"input_ids": ids})[0]
+            cosine = float(got @ want) / float(np.linalg.norm(got) * np.linalg.norm(want))
+            if not cosine >= INT8_MIN_COSINE:
+                raise ValueError(f"cosine {cosine:.4f} with the float32 graph on a probe")
 
 
 def cache_key(model_id: str, kind: str) -> str:

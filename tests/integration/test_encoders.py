@@ -181,6 +181,24 @@ def test_int8_splade_documents_run_through_a_checked_quantized_graph(
     assert int8.encode_query(QUERIES[0]) == exact.encode_query(QUERIES[0])
 
 
+def test_a_torn_cached_int8_graph_is_made_again(tmp_path: Path) -> None:
+    first = SpladeEncoder(
+        PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path, int8_documents=True
+    )
+    first.warm_up()
+    assert first._onnx is not None and first._onnx.int8_ready()
+    want = first.encode_documents(PASSAGES[:2]).toarray()
+    path = first._onnx.int8_path
+    path.write_bytes(path.read_bytes()[:4096])  # torn on disk: a process died writing it
+    again = SpladeEncoder(
+        PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path, int8_documents=True
+    )
+    rows = again.encode_documents(PASSAGES[:2]).toarray()
+    assert again._onnx is not None and again._onnx.int8_ok is True  # removed and made again
+    assert path.stat().st_size > 4096
+    assert np.array_equal(rows, want)  # the same quantized graph as before
+
+
 def test_an_int8_graph_that_drifts_from_the_model_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
