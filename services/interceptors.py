@@ -21,7 +21,13 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry import trace
 
-from ragline.errors import DeadlineExceeded, InvalidArgument, RaglineError, ResourceExhausted
+from ragline.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    RaglineError,
+    ResourceExhausted,
+    Unavailable,
+)
 from services.auth import Principal, TokenRegistry, authorization_from_metadata
 from services.deadlines import current_deadline
 from services.metrics import Metrics
@@ -107,6 +113,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         self.in_flight = dict.fromkeys(self.limits, 0)
         self.tokens = tokens
         self.deadlines = {"default": 30.0, "answer": 120.0, "ingest": 3600.0, **(deadlines or {})}
+        self.ready = True
+        """False while the process warms up (its ports are open, health NOT_SERVING): every
+        own RPC then gets UNAVAILABLE with a retry hint, which clients retry, instead of
+        whatever a stage says before its models and index are loaded."""
 
     def default_deadline_s(self, method: str) -> float:
         if method in INGEST_METHODS:
@@ -266,6 +276,14 @@ class _Call:
             except RaglineError as exc:
                 self.started = -1.0
                 await self._abort(exc)
+        if not owner.ready:
+            self.started = -1.0
+            await self._abort(
+                Unavailable(
+                    "starting up: the models and the index are loading; retry shortly",
+                    retry_after_s=1.0,
+                )
+            )
         owner.in_flight[self.group] += 1
         if owner.in_flight[self.group] > owner.limits[self.group]:
             owner.in_flight[self.group] -= 1

@@ -8,7 +8,8 @@ services alone, on its port. Every port has its own health service.
 
 Start-up order follows the light-``__init__``/heavy-``warm_up`` rule: the configuration
 (tokens, TLS files, the bind address) is checked first, the ports open with health
-NOT_SERVING, models and the index load, then health turns SERVING. SIGTERM/SIGINT flip health
+NOT_SERVING (own RPCs answer UNAVAILABLE "starting up" until SERVING), models and the index
+load, then health turns SERVING. SIGTERM/SIGINT flip health
 to NOT_SERVING and stop with a grace period, whatever is still running.
 """
 
@@ -184,8 +185,11 @@ class _Port:
     port: int
     health: health.aio.HealthServicer
     services: tuple[str, ...]
+    interceptor: ServerInterceptor
 
     async def set_health(self, serving: bool) -> None:
+        """Health, and whether the port's own RPCs run (not while warming up)."""
+        self.interceptor.ready = serving
         status = health_pb2.HealthCheckResponse
         for name in ("", *self.services):
             await self.health.set(name, status.SERVING if serving else status.NOT_SERVING)
@@ -209,7 +213,7 @@ def _open_port(
     register(server)
     reflection.enable_server_reflection((*services, reflection.SERVICE_NAME), server)
     port = _add_port(server, address, settings, internal=internal)
-    return _Port(server, port, health_servicer, services)
+    return _Port(server, port, health_servicer, services, interceptor)
 
 
 @dataclass
@@ -347,8 +351,8 @@ async def start_server(
     first, internal = _open_ports(settings, gateway, tokens)
     ports = [first] + ([internal] if internal else [])
     for port in ports:
+        await port.set_health(False)  # before the port opens: no RPC runs half-loaded
         await port.server.start()
-        await port.set_health(False)
     started = time.perf_counter()
     try:
         await asyncio.to_thread(gateway.warm_up, warm_generator)

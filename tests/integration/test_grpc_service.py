@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from pathlib import Path
 
 import grpc
@@ -20,7 +22,7 @@ from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grp
 from retriever.encoders import SpladeEncoder
 from services.build import build_gateway
 from services.server import RunningServer, start_server
-from tests.conftest import make_indexer, make_settings, write_pdf
+from tests.conftest import make_indexer, make_settings, stop_beside, write_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -60,6 +62,49 @@ async def test_health_is_serving_and_reflection_lists_services(channel) -> None:
         names |= {s.name for s in response.list_services_response.service}
     assert "ragline.v1.Ragline" in names
     assert not any(n.startswith("ragline.v1.") and n.endswith("Service") for n in names)
+
+
+async def test_a_call_while_the_server_warms_up_is_unavailable_and_retryable(
+    server: RunningServer, tmp_path: Path, redis_url: str
+) -> None:
+    with socket.socket() as probe:  # a free port, known before the server is up
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.port = port
+    gateway = build_gateway(settings, server.gateway.local_index.indexer)
+    gateway.generator = server.gateway.generator
+    release = threading.Event()
+    warm_up = gateway.warm_up
+
+    def held(generator: bool = True) -> None:  # the real warm-up, once the test lets it go
+        assert release.wait(60)
+        warm_up(generator)
+
+    gateway.warm_up = held  # type: ignore[method-assign]
+    starting = asyncio.create_task(start_server(settings, gateway))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            await asyncio.wait_for(ch.channel_ready(), 30)
+            health = health_pb2_grpc.HealthStub(ch)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service="ragline.v1.Ragline"))
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            stub = ragline_pb2_grpc.RaglineStub(ch)
+            request = ragline_pb2.RetrieveRequest(query="centrifuge rotor speed", k=3)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Retrieve(request, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # clients retry it
+            assert "starting up" in (info.value.details() or "")
+            release.set()
+            running = await asyncio.wait_for(starting, 120)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service="ragline.v1.Ragline"))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            assert (await stub.Retrieve(request, timeout=30)).hits
+    finally:
+        release.set()
+        if not starting.done():
+            starting.cancel()
+    await stop_beside(running)
 
 
 async def test_the_public_port_does_not_serve_the_internal_stages(channel) -> None:  # type: ignore[no-untyped-def]
