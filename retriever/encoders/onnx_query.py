@@ -202,29 +202,35 @@ class OnnxQuery:
         file torn or truncated on disk, one left by another build) is removed and made again
         once; only a freshly made graph that fails keeps documents in float32."""
         assert self.tokens is not None, "int8 documents need the encoder's tokenizer"
-        for attempt in range(2):
-            cached = self.int8_path.exists()
-            try:
-                session = self._open(self.int8_graph(), spinning=True)
-                self._probe(session)
-            except Exception as exc:  # any failure of the quantizer or the runtime
-                if cached and attempt == 0:
-                    logger.warning(
-                        "the cached %s int8 graph %s is unusable (%s): making it again",
-                        self.kind,
-                        self.int8_path.name,
-                        exc,
-                    )
-                    self.int8_path.unlink(missing_ok=True)
-                    continue
-                logger.warning(
-                    "%s documents stay in float32 (int8 graph unusable: %s)", self.kind, exc
-                )
-                return False
-            self._bulk[True] = session
-            logger.info("%s documents through the int8 graph (%s)", self.kind, self.int8_path.name)
-            return True
-        return False
+        cached = self.int8_path.exists()
+        failure = self._use_int8()
+        if failure is not None and cached:
+            logger.warning(
+                "the cached %s int8 graph %s is unusable (%s): making it again",
+                self.kind,
+                self.int8_path.name,
+                failure,
+            )
+            self.int8_path.unlink(missing_ok=True)
+            failure = self._use_int8()
+        if failure is not None:
+            logger.warning(
+                "%s documents stay in float32 (int8 graph unusable: %s)", self.kind, failure
+            )
+            return False
+        logger.info("%s documents through the int8 graph (%s)", self.kind, self.int8_path.name)
+        return True
+
+    def _use_int8(self) -> Exception | None:
+        """Make (or open) the int8 graph, check it and keep its session; the failure, if any
+        (of the quantizer, the runtime or the check)."""
+        try:
+            session = self._open(self.int8_graph(), spinning=True)
+            self._probe(session)
+        except Exception as exc:
+            return exc
+        self._bulk[True] = session
+        return None
 
     def _probe(self, session: Any) -> None:
         """Raise unless ``session`` keeps :data:`INT8_MIN_COSINE` with the float32 graph on
