@@ -21,11 +21,18 @@ from ingest.layout import (
     text_quality,
     title_paths,
 )
-from ingest.tables import Table, extract_tables, looks_tabular
+from ingest.tables import (
+    Table,
+    closes_page,
+    continuation,
+    extract_tables,
+    looks_tabular,
+    opens_page,
+)
 from ragline.errors import InvalidArgument
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-6"
+PARSER_VERSION = b"ragline-parser-7"
 """Part of a document's identity: a parser change re-ingests unchanged files once."""
 
 
@@ -286,6 +293,18 @@ def _inflates_past(raw: bytes, cap: int) -> bool:
 
 
 @dataclass(slots=True)
+class _Page:
+    """What :func:`_extract` keeps of the page before while it reads the next."""
+
+    number: int
+    raw: list[tuple[float, float, float, float, str]]
+    blocks: list[Block]
+    tables: list[Table]
+    searched: bool
+    """Whether tables were looked for (the gate passed), found or not."""
+
+
+@dataclass(slots=True)
 class _Extracted:
     texts: tuple[str, ...]
     titles: tuple[tuple[str, ...], ...]
@@ -307,6 +326,41 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
     table_text: dict[str, str] = {}
     ocr_pages: list[int] = []
     unreadable: list[int] = []
+    last: _Page | None = None
+
+    def place(table: Table) -> Block:
+        """Number the table and stand its mark in the page text where the table sits."""
+        mark = TABLE_MARK.format(len(tables))
+        table_text[mark] = table.text()
+        tables.append(table)
+        x0, y0, x1, y1 = table.bbox
+        return Block(y0, y1, mark, x0, x1, pinned=True)
+
+    def _continue(
+        doc: pymupdf.Document,
+        table: Table,
+        raw: list[tuple[float, float, float, float, str]],
+        height: float,
+        last: _Page,
+    ) -> Table:
+        """``table``, opening its page, as the continuation of the table that closes the page
+        before (PyMuPDF reads the first continued row as a header). That page's tables are
+        looked for now if its gate did not pass: a two-column table is not worth detecting on
+        every page, but is when it runs on."""
+        if not opens_page(table, raw, height):
+            return table
+        before = doc[last.number - 1]
+        if not last.tables and not last.searched:
+            last.tables = extract_tables(before, last.raw)
+            last.searched = True
+            if last.tables:
+                last.blocks.extend(place(t) for t in last.tables)
+                pages[-1] = reading_order(last.blocks, before.rect.width)
+        closing = [t for t in last.tables if closes_page(t, last.raw, before.rect.height)]
+        if not closing:
+            return table
+        return continuation(max(closing, key=lambda t: t.bbox[3]), table) or table
+
     for number, page in enumerate(doc.pages(), start=1):
         textpage = None
         text_layer = page.get_textpage(flags=flags)
@@ -334,22 +388,23 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
                 ]
                 ocr_pages.append(number)
         found: list[Table] = []
+        tabular = False
         if limits.tables and raw and textpage is None:
             words = [w[:5] for w in page.get_text("words", flags=flags, textpage=text_layer)]
-            if looks_tabular(words, page.rect.width, "\n".join(b[4] for b in raw)):
+            tabular = looks_tabular(words, page.rect.width, "\n".join(b[4] for b in raw))
+            if tabular:
                 found = extract_tables(page, [b[:5] for b in raw])
+        if found and last is not None and last.number == number - 1:
+            found[0] = _continue(doc, found[0], [b[:5] for b in raw], page.rect.height, last)
         # A table's words also stay in the text, in reading order: the text chunk around a
         # table keeps its context (measured: dropping them cost retrieval), the table chunk
         # keeps its structure.
         blocks = [Block(b[1], b[3], _code(b[4]) if b[5] in code else b[4], b[0], b[2]) for b in raw]
         for table in found:
-            mark = TABLE_MARK.format(len(tables))
-            table_text[mark] = table.text()
-            tables.append(table)
-            x0, y0, x1, y1 = table.bbox
-            blocks.append(Block(y0, y1, mark, x0, x1, pinned=True))
+            blocks.append(place(table))
         pages.append(reading_order(blocks, page.rect.width))
         heights.append(page.rect.height)
+        last = _Page(number, [b[:5] for b in raw], blocks, found, tabular or textpage is not None)
     running = running_lines(pages, heights)
     texts = tuple(
         clean_page_text(body_text(b, h, running)) for b, h in zip(pages, heights, strict=True)

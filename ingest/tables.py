@@ -20,9 +20,10 @@ import re
 import statistics
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ingest.layout import MARGIN
 from ragline.markdown import to_markdown
 
 logger = logging.getLogger(__name__)
@@ -37,16 +38,28 @@ _CAPTION = re.compile(r"(?m)^\s*(Table|TABLE)\s+([0-9]+|[IVX]+)\b[.:]?")
 
 @dataclass(frozen=True, slots=True)
 class Table:
-    """One table of a page, in Markdown with its header row, and where it sits."""
+    """One table of a page: its header row and rows, and where it sits."""
 
-    markdown: str
+    header: tuple[str, ...]
+    body: tuple[tuple[str, ...], ...]
     caption: str
     bbox: tuple[float, float, float, float]
-    rows: int
-    columns: int
     lead: str = ""
     """Without a caption: the sentence just above the table that introduces it ("The data is
     shown below:"), so the chunk says what the table is about."""
+
+    @property
+    def markdown(self) -> str:
+        return to_markdown(self.header, self.body)
+
+    @property
+    def rows(self) -> int:
+        """Rows with the header."""
+        return len(self.body) + 1
+
+    @property
+    def columns(self) -> int:
+        return len(self.header)
 
     def text(self) -> str:
         """What is indexed: the caption (or the lead-in sentence), then the Markdown table."""
@@ -197,18 +210,21 @@ def extract_tables(
         if not any(header):
             header = [_cell(name) for name in table.header.names]
         rows = [r for r in rows if any(r)]
+        if not any(_WORDISH.search(c) for c in header) and len(rows) >= 2:
+            # a header row of stray punctuation (":" above a row-labelled grid): the first
+            # row names the columns
+            header, rows = rows[0], rows[1:]
         if len(header) < 2 or not rows or _leaders(rows) > 0.3 * len(rows):
             continue
         bbox = tuple(float(v) for v in table.bbox)
         caption = _caption_for(bbox, blocks)
         tables.append(
             Table(
-                markdown=to_markdown(header, rows),
+                header=tuple(header),
+                body=tuple(tuple(r) for r in rows),
                 caption=caption,
                 lead="" if caption else _lead_for(bbox, blocks, page.rect.height),
                 bbox=(bbox[0], bbox[1], bbox[2], bbox[3]),
-                rows=len(rows) + 1,
-                columns=len(header),
             )
         )
     return tables
@@ -258,6 +274,7 @@ class CellReader:
 
 
 _LEADER = re.compile(r"(\.\s?){4,}")
+_WORDISH = re.compile(r"\w")
 _PLACEHOLDER = re.compile(r"^Col\d+$")
 
 
@@ -311,3 +328,45 @@ def _caption_for(
         if -2 <= distance <= 60 and (best is None or distance < best[0]):
             best = (distance, " ".join(unicodedata.normalize("NFKC", text).split()))
     return best[1] if best else ""
+
+
+CONTINUED = " (continued)"
+_EDGE = 12.0
+"""How far apart (pt) the left edges of a table and its continuation may be."""
+
+
+def opens_page(
+    table: Table, blocks: Sequence[tuple[float, float, float, float, str]], height: float
+) -> bool:
+    """Whether nothing but the top margin (a running header) stands above the table."""
+    return all(b[3] <= height * MARGIN for b in blocks if b[3] <= table.bbox[1] + 1)
+
+
+def closes_page(
+    table: Table, blocks: Sequence[tuple[float, float, float, float, str]], height: float
+) -> bool:
+    """Whether nothing but the bottom margin (a running footer) stands below the table."""
+    return all(b[1] >= height * (1 - MARGIN) for b in blocks if b[1] >= table.bbox[3] - 1)
+
+
+def continuation(previous: Table, table: Table) -> Table | None:
+    """``table`` as the rest of ``previous`` when it continues it across a page break (same
+    number of columns, left edges aligned): with ``previous``'s header (the row PyMuPDF took
+    for a header is data unless it repeats that header) and its title marked "(continued)".
+    None when it does not continue it."""
+    if table.columns != previous.columns or abs(table.bbox[0] - previous.bbox[0]) > _EDGE:
+        return None
+    if table.caption:  # a table of its own
+        return None
+    body = table.body if _same(table.header, previous.header) else (table.header, *table.body)
+    title = (previous.caption or previous.lead).removesuffix(CONTINUED)
+    return replace(
+        table,
+        header=previous.header,
+        body=body,
+        lead=title + CONTINUED if title else "",
+    )
+
+
+def _same(a: Sequence[str], b: Sequence[str]) -> bool:
+    return [c.casefold() for c in a] == [c.casefold() for c in b]

@@ -66,6 +66,21 @@ def test_golden_distribution_table_is_one_markdown_chunk(r_intro) -> None:  # ty
 def test_golden_kalythos_table_keeps_its_row_labels(r_intro) -> None:  # type: ignore[no-untyped-def]
     tables = [c.text for c in r_intro.chunks if c.kind == "table" and c.pages == (68,)]
     assert any("| No. blind: | 6 | 17 | 26 | 37 | 44 |" in t for t in tables), tables
+    # a stray ":" above the grid is no header: the ages name the columns
+    assert any("| Age: | 20 | 35 | 45 | 55 | 70 |\n| --- |" in t for t in tables), tables
+
+
+def test_golden_family_table_continued_on_the_next_page(r_intro) -> None:  # type: ignore[no-untyped-def]
+    """R-intro's table of families and link functions starts at the foot of p.67 (two
+    columns: the gate alone would not look there) and runs on at the top of p.68."""
+    tables = {
+        c.pages: c.text for c in r_intro.chunks if c.kind == "table" and "Family name" in c.text
+    }
+    start, rest = tables[(67,)].split("\n"), tables[(68,)].split("\n")
+    assert start[2] == rest[2] == "| Family name | Link functions |"
+    assert rest[0].endswith("shown in the following table: (continued)")
+    assert "| inverse.gaussian | 1/mu^2, identity, inverse, log |" in rest
+    assert "| poisson | identity, log, sqrt |" in rest
 
 
 def test_golden_hyphenation_is_rejoined(r_data) -> None:  # type: ignore[no-untyped-def]

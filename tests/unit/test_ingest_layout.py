@@ -14,7 +14,15 @@ from ingest.batch import parse_document
 from ingest.chunker import ChunkerConfig, chunk_pages, split_table
 from ingest.layout import Block, reading_order
 from ingest.pdf import PdfLimits, read_pdf
-from ingest.tables import looks_tabular, tabular_runs, to_markdown
+from ingest.tables import (
+    Table,
+    closes_page,
+    continuation,
+    looks_tabular,
+    opens_page,
+    tabular_runs,
+    to_markdown,
+)
 from ragline.errors import InvalidArgument
 
 pytestmark = pytest.mark.unit
@@ -108,6 +116,107 @@ def test_long_tables_split_between_rows_and_repeat_the_header() -> None:
         assert all(line.count("|") == 4 for line in lines[2:])
     body = [line for part in parts for line in part.split("\n")[4:]]
     assert body == text.split("\n")[4:]  # every row once, in order
+
+
+def ferry_table(header: tuple[str, ...], body: list[tuple[str, ...]], **kw: object) -> Table:
+    bbox = kw.pop("bbox", (60.0, 640.0, 400.0, 700.0))
+    return Table(header=header, body=tuple(body), caption="", bbox=bbox, **kw)  # type: ignore[arg-type]
+
+
+def test_a_table_that_runs_onto_the_next_page_keeps_its_header_and_title() -> None:
+    first = ferry_table(
+        ("Ferry", "Crossing", "Minutes"),
+        [("Gull", "Harbour to Skerry", "40")],
+        lead="The crossings are timed as follows:",
+    )
+    # PyMuPDF reads the first continued row as the header of a table of its own
+    rest = ferry_table(
+        ("Tern", "Skerry to Lighthouse", "25"),
+        [("Puffin", "Lighthouse to Harbour", "55")],
+        bbox=(62.0, 90.0, 420.0, 150.0),
+    )
+    joined = continuation(first, rest)
+    assert joined is not None
+    assert joined.header == ("Ferry", "Crossing", "Minutes")
+    assert joined.body == (("Tern", "Skerry to Lighthouse", "25"), rest.body[0])
+    assert joined.text().startswith("The crossings are timed as follows: (continued)\n\n")
+    assert joined.bbox == rest.bbox
+    # a header repeated on the new page stays the header, not a row; a third page is
+    # "(continued)" once
+    repeated = ferry_table(first.header, [("Skua", "Harbour to Lighthouse", "70")])
+    again = continuation(joined, repeated)
+    assert again is not None and again.body == repeated.body
+    assert again.lead == "The crossings are timed as follows: (continued)"
+
+
+def test_a_table_of_other_columns_or_its_own_caption_is_no_continuation() -> None:
+    first = ferry_table(("Ferry", "Crossing", "Minutes"), [("Gull", "Harbour to Skerry", "40")])
+    assert continuation(first, ferry_table(("A", "B"), [("1", "2")])) is None
+    shifted = ferry_table(("a", "b", "c"), [("1", "2", "3")], bbox=(200.0, 90.0, 500.0, 150.0))
+    assert continuation(first, shifted) is None
+    captioned = Table(("a", "b", "c"), (("1", "2", "3"),), "Table 4: Tides", (60, 90, 400, 150))
+    assert continuation(first, captioned) is None
+
+
+def test_a_table_opens_or_closes_a_page_only_with_margins_beyond_it() -> None:
+    table = ferry_table(("a", "b", "c"), [("1", "2", "3")], bbox=(60.0, 100.0, 400.0, 700.0))
+    header = (60.0, 40.0, 300.0, 55.0, "Chapter 3: Ferries")  # top 10% of an 800 pt page
+    footer = (60.0, 760.0, 300.0, 775.0, "12")
+    inside = (60.0, 100.0, 400.0, 700.0, "a b c 1 2 3")  # the table's own words
+    assert opens_page(table, [header, inside, footer], 800)
+    assert closes_page(table, [header, inside, footer], 800)
+    prose_above = (60.0, 85.0, 300.0, 98.0, "Some words before the table.")
+    prose_below = (60.0, 705.0, 300.0, 720.0, "Some words after the table.")
+    assert not opens_page(table, [header, prose_above, inside], 800)
+    assert not closes_page(table, [inside, prose_below, footer], 800)
+
+
+def ruled_rows(page: pymupdf.Page, top: float, rows: list[list[str]]) -> float:
+    """Draw a ruled table from ``top``; returns its bottom."""
+    for r, cells in enumerate(rows):
+        for c, text in enumerate(cells):
+            box = pymupdf.Rect(56 + c * 160, top + r * 22, 216 + c * 160, top + 22 + r * 22)
+            page.draw_rect(box, color=(0, 0, 0), width=0.8)
+            page.insert_text((box.x0 + 4, box.y1 - 7), text, fontsize=10)
+    return top + 22 * len(rows)
+
+
+def test_a_ruled_table_split_by_a_page_break_is_read_with_its_header(tmp_path: Path) -> None:
+    """A real two-page PDF: a table's header and first row close page 1 (too few rows for
+    the gate to look for tables there), the rest opens page 2. The rest carries the header
+    and the lead-in sentence, and its first row stays a row."""
+    doc = pymupdf.open()
+    first = doc.new_page()
+    prose = " ".join(f"Paragraph words about the island ferries number {n}." for n in range(60))
+    first.insert_textbox(pymupdf.Rect(56, 56, 540, 660), prose, fontsize=11)
+    first.insert_text((56, 688), "The crossings are timed as follows:", fontsize=11)
+    ruled_rows(first, 700, [["Ferry", "Crossing", "Minutes"], ["Gull", "Harbour-Skerry", "40"]])
+    second = doc.new_page()
+    bottom = ruled_rows(
+        second,
+        60,
+        [
+            ["Tern", "Skerry-Lighthouse", "25"],
+            ["Puffin", "Lighthouse-Harbour", "55"],
+            ["Skua", "Harbour-Lighthouse", "70"],
+        ],
+    )
+    winter = " ".join(f"Timetables change in winter, says notice {n}." for n in range(30))
+    second.insert_textbox(pymupdf.Rect(56, bottom + 20, 540, 780), winter, fontsize=11)
+    path = tmp_path / "ferries.pdf"
+    doc.save(path)
+    doc.close()
+    parsed = parse_document(path.read_bytes(), path.name)
+    tables = {c.pages: c.text for c in parsed.chunks if c.kind == "table"}
+    assert tables[(1,)].split("\n")[2] == "| Ferry | Crossing | Minutes |"
+    rest = tables[(2,)].split("\n")
+    assert rest[0] == "The crossings are timed as follows: (continued)"
+    assert rest[2] == "| Ferry | Crossing | Minutes |"
+    assert rest[4:] == [
+        "| Tern | Skerry-Lighthouse | 25 |",
+        "| Puffin | Lighthouse-Harbour | 55 |",
+        "| Skua | Harbour-Lighthouse | 70 |",
+    ]
 
 
 def test_table_marks_become_table_chunks_under_their_section() -> None:
