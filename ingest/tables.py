@@ -353,12 +353,18 @@ def continuation(previous: Table, table: Table) -> Table | None:
     """``table`` as the rest of ``previous`` when it continues it across a page break (same
     number of columns, left edges aligned): with ``previous``'s header (the row PyMuPDF took
     for a header is data unless it repeats that header) and its title marked "(continued)".
-    None when it does not continue it."""
+    None when it does not continue it: other columns, a caption of its own, or a first row
+    that reads as a header of its own (words over columns of numbers)."""
     if table.columns != previous.columns or abs(table.bbox[0] - previous.bbox[0]) > _EDGE:
         return None
     if table.caption:  # a table of its own
         return None
-    body = table.body if _same(table.header, previous.header) else (table.header, *table.body)
+    if _same(table.header, previous.header):  # the header repeated on the new page
+        body = table.body
+    elif _reads_as_header(table.header, previous.body):  # a table of its own
+        return None
+    else:
+        body = (table.header, *table.body)
     title = (previous.caption or previous.lead).removesuffix(CONTINUED)
     return replace(
         table,
@@ -366,6 +372,20 @@ def continuation(previous: Table, table: Table) -> Table | None:
         body=body,
         lead=title + CONTINUED if title else "",
     )
+
+
+_NUMBER = re.compile(r"[-+±]?\d[\d.,]*\s*%?")
+
+
+def _reads_as_header(row: Sequence[str], body: Sequence[Sequence[str]]) -> bool:
+    """Whether ``row`` names columns rather than continuing ``body``: words where the rows
+    above hold numbers (a column at least two-thirds numeric)."""
+    for column, cell in enumerate(row):
+        above = [r[column] for r in body if column < len(r) and r[column]]
+        numeric = sum(bool(_NUMBER.fullmatch(c)) for c in above)
+        if cell and above and numeric >= 2 / 3 * len(above) and not _NUMBER.fullmatch(cell):
+            return True
+    return False
 
 
 def _same(a: Sequence[str], b: Sequence[str]) -> bool:

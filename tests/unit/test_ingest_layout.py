@@ -156,6 +156,9 @@ def test_a_table_of_other_columns_or_its_own_caption_is_no_continuation() -> Non
     assert continuation(first, shifted) is None
     captioned = Table(("a", "b", "c"), (("1", "2", "3"),), "Table 4: Tides", (60, 90, 400, 150))
     assert continuation(first, captioned) is None
+    # a new header over the same columns: words where the rows above hold numbers
+    by_speed = ferry_table(("Ferry", "Crossing", "Knots"), [("Tern", "Skerry-Lighthouse", "9")])
+    assert continuation(first, by_speed) is None
 
 
 def test_a_table_opens_or_closes_a_page_only_with_margins_beyond_it() -> None:
