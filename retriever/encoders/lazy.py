@@ -66,6 +66,18 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+@cache
+def cpu_has_vnni() -> bool:
+    """Whether the CPU multiplies 8-bit integers with VNNI (AVX-512 VNNI or AVX-VNNI). Without
+    it ONNX Runtime's int8 kernels (AVX2's ``vpmaddubsw``) saturate 8-bit weights: its own
+    documentation says to quantize them to 7 bits there."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
+
+
 def resolve_dtype(setting: EncodeDtype) -> Literal["float32", "bfloat16"]:
     """``auto``: bfloat16 where the CPU has it natively, else float32."""
     if setting == "auto":
