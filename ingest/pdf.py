@@ -6,10 +6,12 @@ import hashlib
 import os
 import re
 import shutil
+import statistics
 import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pymupdf
 
@@ -369,7 +371,16 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
             for b in page.get_text("blocks", flags=flags, textpage=text_layer)
             if b[6] == 0 and b[4].strip()
         ]
-        code = _code_blocks(page, text_layer) if raw else set()
+        code: set[int] = set()
+        if raw:
+            layout = page.get_text("dict", flags=flags, textpage=text_layer)
+            code = _code_blocks(layout)
+            marks = footnote_marks(layout)
+            if marks:
+                raw = [
+                    (*b[:4], drop_marks(b[4], marks[b[5]]), *b[5:]) if b[5] in marks else b
+                    for b in raw
+                ]
         if not raw and page.get_images():
             if tessdata is None:
                 unreadable.append(number)
@@ -424,10 +435,11 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
     )
 
 
-def _code_blocks(page: pymupdf.Page, textpage: pymupdf.TextPage) -> set[int]:
-    """Numbers of the text blocks set (almost) wholly in a monospaced font: code."""
+def _code_blocks(layout: dict[str, Any]) -> set[int]:
+    """Numbers of the text blocks set (almost) wholly in a monospaced font: code.
+    ``layout`` is the page's ``get_text("dict")``."""
     numbers = set()
-    for block in page.get_text("dict", textpage=textpage)["blocks"]:
+    for block in layout["blocks"]:
         if block.get("type") != 0:
             continue
         spans = [s for line in block["lines"] for s in line["spans"] if s["text"].strip()]
@@ -436,6 +448,56 @@ def _code_blocks(page: pymupdf.Page, textpage: pymupdf.TextPage) -> set[int]:
         if total and mono >= 0.9 * total:
             numbers.add(block["number"])
     return numbers
+
+
+_MARK = re.compile(r"\d{1,3}|[*†‡§]")
+_GLUED = re.compile(r"(\w*[^\W\d_]\w*[^\W\d_])$")
+
+
+def footnote_marks(layout: dict[str, Any]) -> dict[int, list[tuple[str, str]]]:
+    """Footnote marks glued to the word before them, ``(word, mark)`` by block number: a
+    superscript number (or ``*``, ``†``, ``‡``, ``§``) right after a word of two letters or
+    more, whose footnote (a line starting with the same mark, in a smaller type than the
+    word) sits lower on the page. Text extraction writes them into the word ("a suitable1
+    tar"), which no reader, stemmer or support check then knows; an exponent ("R2") or a
+    subscript in a formula has no such footnote and stays."""
+    blocks = [b for b in layout["blocks"] if b.get("type") == 0 and b["lines"]]
+    notes = []
+    for b in blocks:
+        for line in b["lines"]:
+            spans = [s for s in line["spans"] if s["text"].strip()]
+            if spans:
+                text = "".join(s["text"] for s in line["spans"]).lstrip()
+                notes.append((text, line["bbox"][1], statistics.median(s["size"] for s in spans)))
+    marks: dict[int, list[tuple[str, str]]] = {}
+    for block in blocks:
+        for line in block["lines"]:
+            spans = line["spans"]
+            for before, span in zip(spans, spans[1:], strict=False):
+                mark = span["text"]
+                word = _GLUED.search(before["text"])
+                if not (span["flags"] & pymupdf.TEXT_FONT_SUPERSCRIPT and word):
+                    continue
+                if not _MARK.fullmatch(mark):
+                    continue
+                if any(
+                    y0 > span["bbox"][3]
+                    and size < before["size"]
+                    and text.startswith(mark)
+                    and text[len(mark) : len(mark) + 1] in (" ", "\u00a0")
+                    for text, y0, size in notes
+                ):
+                    marks.setdefault(block["number"], []).append((word.group(1), mark))
+    return marks
+
+
+def drop_marks(text: str, marks: list[tuple[str, str]]) -> str:
+    """``text`` with each ``(word, mark)`` of :func:`footnote_marks` written as the word."""
+    for word, mark in marks:
+        text = re.sub(
+            rf"(?<!\w){re.escape(word)}{re.escape(mark)}(?![\d*†‡§])", word, text, count=1
+        )
+    return text
 
 
 def _code(text: str) -> str:

@@ -20,7 +20,7 @@ import pytest
 
 from ingest.batch import Parsed, parse_document, parse_path, run_batch
 from ingest.chunker import ChunkerConfig
-from ingest.pdf import PdfLimits
+from ingest.pdf import PdfLimits, read_pdf
 from ragline.types import Chunk
 from retriever.encoders import SpladeEncoder
 from retriever.indexer import Indexer, encoding_text
@@ -81,6 +81,15 @@ def test_golden_family_table_continued_on_the_next_page(r_intro) -> None:  # typ
     assert rest[0].endswith("shown in the following table: (continued)")
     assert "| inverse.gaussian | 1/mu^2, identity, inverse, log |" in rest
     assert "| poisson | identity, log, sqrt |" in rest
+
+
+def test_golden_footnote_marks_leave_their_words(r_manuals: Path) -> None:
+    """R-admin p.34: "an alternative personal file⁸ can be specified", footnote 8 at the
+    foot of the page; extraction alone writes "file8"."""
+    path = r_manuals / "R-admin.pdf"
+    doc = read_pdf(path.read_bytes(), path.name)
+    assert "alternative personal file can be specified" in " ".join(doc.pages[33].split())
+    assert "file8" not in doc.pages[33]
 
 
 def test_golden_hyphenation_is_rejoined(r_data) -> None:  # type: ignore[no-untyped-def]

@@ -99,3 +99,39 @@ def test_every_chunk_carries_its_document_title(make_pdf: Callable[..., Path]) -
     path = make_pdf("care.pdf", ["Handbook of Lantern Care\nTrim the wick.", "Fill the oil."])
     parsed = parse_document(path.read_bytes(), path.name)
     assert {c.doc_title for c in parsed.chunks} == {"Handbook of Lantern Care"}
+
+
+def write_runs(page: pymupdf.Page, y: float, runs: list[tuple[str, bool]]) -> None:
+    """One line of text runs, each either on the baseline or raised and small (a mark)."""
+    x = 56.0
+    for text, raised in runs:
+        size = 7 if raised else 11
+        page.insert_text((x, y - 4 if raised else y), text, fontsize=size)
+        x += pymupdf.get_text_length(text, fontsize=size)
+
+
+def test_a_footnote_mark_glued_to_its_word_is_dropped_and_an_exponent_kept(
+    tmp_path: Path,
+) -> None:
+    """Extraction writes a raised footnote mark into the word before it ("quay3"); with its
+    footnote at the foot of the page (smaller type, starting with the mark) the word is read
+    alone. A raised digit with no footnote (a square), or after one letter, stays."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    write_runs(page, 100, [("Ferries leave from the north quay", False), ("3", True)])
+    write_runs(
+        page,
+        120,
+        [("at dawn; the deck holds 40 metres", False), ("2", True), (" of cars and x", False)],
+    )
+    write_runs(page, 140, [("The pier is y", False), ("3", True), (" paces long.", False)])
+    page.insert_text((56, 740), "3 The north quay is the stone pier by the lighthouse.", fontsize=8)
+    path = tmp_path / "ferries.pdf"
+    doc.save(path)
+    doc.close()
+    text = " ".join(c.text for c in parse_document(path.read_bytes(), path.name).chunks)
+    assert "from the north quay at dawn" in text, text
+    assert "quay3" not in text
+    assert "40 metres2 of cars" in text  # no footnote 2: an exponent
+    assert "is y3 paces" in text  # one letter: a formula's, not a word's
+    assert "3 The north quay is the stone pier" in text  # the footnote itself stays
