@@ -68,14 +68,24 @@ def load_chunks(index_dir: Path) -> list[Chunk]:
     return list(view.chunks)
 
 
-def load_questions(pattern: str) -> list[tuple[str, str]]:
-    """(question, chunk id) of every LLM-written question with a known passage."""
+def load_questions(pattern: str, chunks: list[Chunk]) -> list[tuple[str, str]]:
+    """(question, chunk id) of every LLM-written question whose passage the index holds: found
+    by its text (the record's positive pair), which outlives a parser change that renumbers
+    chunk ids, else by the chunk id it was written for."""
+    by_text = {c.text: c.chunk_id for c in chunks}
+    ids = set(by_text.values())
     out = []
     for path in sorted(glob.glob(pattern)):
         with open(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh):
                 record = json.loads(line)
-                if n and record.get("question") and record.get("chunk_id"):
+                if not (n and record.get("question")):
+                    continue
+                passages = [p["passage"] for p in record.get("pairs", []) if p.get("label") == 1]
+                found = [by_text[p] for p in passages if p in by_text]
+                if found:
+                    out.append((record["question"], found[0]))
+                elif record.get("chunk_id") in ids:
                     out.append((record["question"], record["chunk_id"]))
     return out
 
@@ -155,7 +165,9 @@ def main() -> int:
 
     chunks = load_chunks(args.index_dir)
     by_id = {c.chunk_id: c for c in chunks}
-    asked = [(q, cid) for q, cid in load_questions(args.questions) if cid in by_id]
+    asked = load_questions(args.questions, chunks)
+    if not asked:
+        raise SystemExit(f"no LLM-written question's passage is in {args.index_dir}")
     rng = np.random.default_rng(0)
     picked = {chunks[i].chunk_id for i in rng.choice(len(chunks), args.sample, replace=False)}
     picked |= {cid for _, cid in asked}
