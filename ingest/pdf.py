@@ -338,8 +338,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
         x0, y0, x1, y1 = table.bbox
         return Block(y0, y1, mark, x0, x1, pinned=True)
 
-    def _continue(
-        doc: pymupdf.Document,
+    def carried_on(
         table: Table,
         raw: list[tuple[float, float, float, float, str]],
         height: float,
@@ -405,8 +404,9 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
             tabular = looks_tabular(words, page.rect.width, "\n".join(b[4] for b in raw))
             if tabular:
                 found = extract_tables(page, [b[:5] for b in raw])
-        if found and last is not None and last.number == number - 1:
-            found[0] = _continue(doc, found[0], [b[:5] for b in raw], page.rect.height, last)
+        if found and last is not None:
+            top = min(range(len(found)), key=lambda i: found[i].bbox[1])
+            found[top] = carried_on(found[top], [b[:5] for b in raw], page.rect.height, last)
         # A table's words also stay in the text, in reading order: the text chunk around a
         # table keeps its context (measured: dropping them cost retrieval), the table chunk
         # keeps its structure.
