@@ -11,6 +11,10 @@ on this CPU, ~100x plain text extraction. So it only runs on pages the gate pass
 
 On the R manuals and the texlive papers of the eval corpus the gate passes ~3% of pages and
 every page that holds a table an eval question asks about.
+
+A table broken by a page break is two tables to ``find_tables``, the second with its first
+row taken for a header: :func:`continuation` gives it back the first part's header and title
+(``pdf._extract`` offers each page's opening table to the table closing the page before).
 """
 
 from __future__ import annotations
