@@ -450,7 +450,9 @@ def _code_blocks(layout: dict[str, Any]) -> set[int]:
     return numbers
 
 
-_MARK = re.compile(r"\d{1,3}|[*†‡§]")
+_NOTE = re.compile(r"(\d{1,3}|[*†‡§])[ \u00a0]")
+"""The start of a footnote line: its mark, then a space."""
+MAX_FOOTNOTES = 200
 _GLUED = re.compile(r"(\w*[^\W\d_]\w*[^\W\d_])$")
 
 
@@ -460,34 +462,38 @@ def footnote_marks(layout: dict[str, Any]) -> dict[int, list[tuple[str, str]]]:
     more, whose footnote (a line starting with the same mark, in a smaller type than the
     word) sits lower on the page. Text extraction writes them into the word ("a suitable1
     tar"), which no reader, stemmer or support check then knows; an exponent ("R2") or a
-    subscript in a formula has no such footnote and stays."""
+    subscript in a formula has no such footnote and stays. A page with more than
+    :data:`MAX_FOOTNOTES` candidate marks or footnote lines is left as it is (a real page has
+    a handful; a hostile one would make this quadratic)."""
     blocks = [b for b in layout["blocks"] if b.get("type") == 0 and b["lines"]]
-    notes = []
+    notes: dict[str, list[tuple[float, float]]] = {}
+    count = 0
     for b in blocks:
         for line in b["lines"]:
             spans = [s for s in line["spans"] if s["text"].strip()]
-            if spans:
-                text = "".join(s["text"] for s in line["spans"]).lstrip()
-                notes.append((text, line["bbox"][1], statistics.median(s["size"] for s in spans)))
-    marks: dict[int, list[tuple[str, str]]] = {}
+            text = "".join(s["text"] for s in line["spans"]).lstrip()
+            start = _NOTE.match(text) if spans else None
+            if start:
+                size = statistics.median(s["size"] for s in spans)
+                notes.setdefault(start.group(1), []).append((line["bbox"][1], size))
+                count += 1
+    if not notes or count > MAX_FOOTNOTES:
+        return {}
+    candidates = []
     for block in blocks:
         for line in block["lines"]:
             spans = line["spans"]
             for before, span in zip(spans, spans[1:], strict=False):
-                mark = span["text"]
                 word = _GLUED.search(before["text"])
-                if not (span["flags"] & pymupdf.TEXT_FONT_SUPERSCRIPT and word):
-                    continue
-                if not _MARK.fullmatch(mark):
-                    continue
-                if any(
-                    y0 > span["bbox"][3]
-                    and size < before["size"]
-                    and text.startswith(mark)
-                    and text[len(mark) : len(mark) + 1] in (" ", "\u00a0")
-                    for text, y0, size in notes
-                ):
-                    marks.setdefault(block["number"], []).append((word.group(1), mark))
+                superscript = span["flags"] & pymupdf.TEXT_FONT_SUPERSCRIPT
+                if word and superscript and span["text"] in notes:
+                    candidates.append((block["number"], word.group(1), before, span))
+    if len(candidates) > MAX_FOOTNOTES:
+        return {}
+    marks: dict[int, list[tuple[str, str]]] = {}
+    for number, glued, before, span in candidates:
+        if any(y0 > span["bbox"][3] and size < before["size"] for y0, size in notes[span["text"]]):
+            marks.setdefault(number, []).append((glued, span["text"]))
     return marks
 
 

@@ -135,3 +135,29 @@ def test_a_footnote_mark_glued_to_its_word_is_dropped_and_an_exponent_kept(
     assert "40 metres2 of cars" in text  # no footnote 2: an exponent
     assert "is y3 paces" in text  # one letter: a formula's, not a word's
     assert "3 The north quay is the stone pier" in text  # the footnote itself stays
+
+
+def _line(y: float, spans: list[tuple[str, int, float]]) -> dict:
+    return {
+        "bbox": (56, y, 500, y + 12),
+        "spans": [
+            {"text": t, "flags": f, "size": s, "bbox": (56, y - (4 if f & 1 else 0), 60, y + 8)}
+            for t, f, s in spans
+        ],
+    }
+
+
+def test_a_page_crowded_with_marks_is_left_as_it_is() -> None:
+    """A real page has a handful of footnotes; one with hundreds of marks and footnote lines
+    (a hostile PDF would make the pairing quadratic) keeps its text untouched."""
+    from ingest.pdf import MAX_FOOTNOTES, footnote_marks
+
+    def page(n: int) -> dict:
+        body = [
+            _line(100, [("word", 0, 11.0), ("1", 1, 7.0), (" more", 0, 11.0)]) for _ in range(n)
+        ]
+        notes = [_line(700, [("1", 0, 7.0), (" ", 0, 9.0), ("a note", 0, 9.0)]) for _ in range(n)]
+        return {"blocks": [{"type": 0, "number": 0, "lines": body + notes}]}
+
+    assert footnote_marks(page(1)) == {0: [("word", "1")]}
+    assert footnote_marks(page(MAX_FOOTNOTES + 1)) == {}
