@@ -124,7 +124,7 @@ def bench_sparse_variants(index: Indexer, questions: list[str], k: int) -> list[
             }
         )
     started = time.perf_counter()
-    idf = [index.sparse.encode_query_idf(q, view.doc_freq, len(view.chunks)) for q in questions]
+    idf = [index.sparse.encode_query_idf(q, view.doc_freq(), len(view.chunks)) for q in questions]
     idf_ms = (time.perf_counter() - started) * 1000 / len(questions)
     started = time.perf_counter()
     for q in questions:
