@@ -450,7 +450,9 @@ def _code_blocks(layout: dict[str, Any]) -> set[int]:
     return numbers
 
 
-_NOTE = re.compile(r"(\d{1,3}|[*†‡§])[ \u00a0]")
+_SYMBOLS = "*†‡§"
+"""Footnote marks other than numbers."""
+_NOTE = re.compile(rf"(\d{{1,3}}|[{_SYMBOLS}])[ \u00a0]")
 """The start of a footnote line: its mark, then a space."""
 MAX_FOOTNOTES = 200
 _GLUED = re.compile(r"(\w*[^\W\d_]\w*[^\W\d_])$")
@@ -484,10 +486,10 @@ def footnote_marks(layout: dict[str, Any]) -> dict[int, list[tuple[str, str]]]:
         for line in block["lines"]:
             spans = line["spans"]
             for before, span in zip(spans, spans[1:], strict=False):
-                word = _GLUED.search(before["text"])
-                superscript = span["flags"] & pymupdf.TEXT_FONT_SUPERSCRIPT
-                if word and superscript and span["text"] in notes:
-                    candidates.append((block["number"], word.group(1), before, span))
+                if span["flags"] & pymupdf.TEXT_FONT_SUPERSCRIPT and span["text"] in notes:
+                    word = _GLUED.search(before["text"])
+                    if word:
+                        candidates.append((block["number"], word.group(1), before, span))
     if len(candidates) > MAX_FOOTNOTES:
         return {}
     marks: dict[int, list[tuple[str, str]]] = {}
@@ -501,7 +503,7 @@ def drop_marks(text: str, marks: list[tuple[str, str]]) -> str:
     """``text`` with each ``(word, mark)`` of :func:`footnote_marks` written as the word."""
     for word, mark in marks:
         text = re.sub(
-            rf"(?<!\w){re.escape(word)}{re.escape(mark)}(?![\d*†‡§])", word, text, count=1
+            rf"(?<!\w){re.escape(word)}{re.escape(mark)}(?![\d{_SYMBOLS}])", word, text, count=1
         )
     return text
 

@@ -56,26 +56,31 @@ class LazyModel:
 
 
 @cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``); none where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(
+        flag
+        for line in text.splitlines()
+        if line.startswith("flags")
+        for flag in line.partition(":")[2].split()
+    )
+
+
 def cpu_has_bf16() -> bool:
     """Whether the CPU computes bfloat16 natively (AVX-512 BF16 or AMX): elsewhere torch emulates
     it, slower than float32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
-@cache
 def cpu_has_vnni() -> bool:
     """Whether the CPU multiplies 8-bit integers with VNNI (AVX-512 VNNI or AVX-VNNI). Without
     it ONNX Runtime's int8 kernels (AVX2's ``vpmaddubsw``) saturate 8-bit weights: its own
     documentation says to quantize them to 7 bits there."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def resolve_dtype(setting: EncodeDtype) -> Literal["float32", "bfloat16"]:
