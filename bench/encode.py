@@ -37,9 +37,7 @@ import glob
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import p50_ms, per_second, print_table, recall_at_10  # noqa: E402
 from ragline.types import Chunk  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
@@ -88,29 +87,6 @@ def load_questions(pattern: str, chunks: list[Chunk]) -> list[tuple[str, str]]:
                 elif record.get("chunk_id") in ids:
                     out.append((record["question"], record["chunk_id"]))
     return out
-
-
-def per_second(fn: Any, texts: list[str]) -> tuple[float, Any]:
-    fn(texts[:4])  # warm
-    started = time.perf_counter()
-    out = fn(texts)
-    return len(texts) / (time.perf_counter() - started), out
-
-
-def p50_ms(fn: Any, queries: list[str]) -> float:
-    for q in queries[:3]:
-        fn(q)
-    times = []
-    for q in queries:
-        started = time.perf_counter()
-        fn(q)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
-def recall_at_10(scores: np.ndarray, truth: list[int]) -> float:
-    top = np.argsort(-scores, axis=1)[:, :10]
-    return float(np.mean([t in row for t, row in zip(truth, top, strict=True)]))
 
 
 def run_variant(
@@ -225,10 +201,7 @@ def main() -> int:
         ("dense_recall_at_10", "dense R@10"),
     ]
     print(f"\n{len(texts)} passages, {len(questions)} questions, {args.threads} threads")
-    print("| " + " | ".join(h for _, h in columns) + " |")
-    print("|" + "---|" * len(columns))
-    for row in rows:
-        print("| " + " | ".join(str(row[k]) for k, _ in columns) + " |")
+    print_table(rows, columns)
     report = {
         "machine": {
             "cpus": os.cpu_count(),

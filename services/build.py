@@ -60,6 +60,7 @@ def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | No
         query_runtime=r.query_runtime,
         onnx_dir=r.onnx_dir,
         int8_documents=r.splade_int8_documents,
+        device=r.encode_device,
     )
     dense_encoder = (
         DenseEncoder(
@@ -67,7 +68,7 @@ def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | No
             batch_size=r.batch_size,
             max_seq_length=r.dense_max_seq_length,
             threads=threads,
-            device=r.dense_device,
+            device=r.encode_device,
             dtype=r.encode_dtype,
             query_runtime=r.query_runtime,
             onnx_dir=r.onnx_dir,

@@ -47,6 +47,10 @@ def encoder_specs(indexer: Indexer[IndexBackend]) -> dict[str, Any]:
             "threads": s.threads,
             "top_terms": s.top_terms,
             "dtype": s.dtype,
+            "device": s.device,
+            "query_runtime": s.query_runtime,
+            "onnx_dir": s.onnx_dir,
+            "int8_documents": s.int8_documents,
         }
     }
     if indexer.dense is not None:
@@ -58,6 +62,8 @@ def encoder_specs(indexer: Indexer[IndexBackend]) -> dict[str, Any]:
             "threads": d.threads,
             "device": d.device,
             "dtype": d.dtype,
+            "query_runtime": d.query_runtime,
+            "onnx_dir": d.onnx_dir,
         }
     return specs
 

@@ -310,12 +310,20 @@ class RetrieverSettings(BaseSettings):
     dense_device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where FAISS searches: cpu (HNSW) or cuda (the [gpu] extra)."
     )
+    encode_device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d+)?)$",
+        description="Where SPLADE and the dense model run: cpu, or cuda / cuda:N for a GPU "
+        "(PyTorch's CUDA build; queries through PyTorch there instead of ONNX Runtime). A "
+        "GPU encodes an ingest's chunks ~50x faster (bench/encode_device.py); the service "
+        "refuses to start where torch sees no GPU.",
+    )
     encode_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="What passages are encoded in (SPLADE and dense): auto = bfloat16 where "
-        "the CPU computes it natively (AVX-512 BF16 or AMX), else float32. bfloat16 is ~2x "
-        "faster there and moves SPLADE weights by at most ~0.06 (bench/encode.py measures "
-        "speed and recall); queries always run in float32.",
+        "the CPU computes it natively (AVX-512 BF16 or AMX), else float32 (on a GPU too). "
+        "bfloat16 is ~2x faster there and moves SPLADE weights by at most ~0.06 "
+        "(bench/encode.py measures speed and recall); queries always run in float32.",
     )
     query_runtime: Literal["auto", "onnx", "torch"] = Field(
         "auto",

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from ragline.errors import FailedPrecondition
 from retriever.encoders.lazy import EncodeDtype, LazyModel, autocast, resolve_dtype
 from retriever.encoders.onnx_query import QueryGraphs, QueryRuntime, dense_module
 from retriever.models import resolve_dense
@@ -26,6 +25,7 @@ class DenseEncoder(LazyModel, QueryGraphs):
     run in float32, without sentence-transformers' per-call bookkeeping when the model is a
     plain transformer + mean pooling + normalisation (MiniLM), through ONNX Runtime where
     ``query_runtime`` allows (``retriever.encoders.onnx_query``; ~3x faster on 2 cores).
+    ``device="cuda"`` runs both on a GPU through PyTorch.
     """
 
     def __init__(
@@ -39,21 +39,17 @@ class DenseEncoder(LazyModel, QueryGraphs):
         query_runtime: QueryRuntime = "auto",
         onnx_dir: Path | None = None,
     ) -> None:
-        super().__init__(model, threads)
+        super().__init__(model, threads, device)
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
-        self.device = device
-        self.dtype = resolve_dtype(dtype)
+        self.dtype = resolve_dtype(dtype, device)
         """What passages are encoded in (queries: always float32)."""
         self._init_query_graph(query_runtime if device == "cpu" else "torch", onnx_dir)
         self._mean_pooled = False
 
     def _load(self) -> Any:
-        import torch
         from sentence_transformers import SentenceTransformer
 
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise FailedPrecondition(f"dense device {self.device!r}: CUDA is not available")
         path = resolve_dense(self.model_id)
         logger.info("loading dense model %s from %s", self.model_id, path)
         model = SentenceTransformer(path, device=self.device)

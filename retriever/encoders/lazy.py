@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
+
+from ragline.errors import FailedPrecondition
 
 EncodeDtype = Literal["auto", "float32", "bfloat16"]
 
@@ -18,12 +21,17 @@ class LazyModel:
     """Holds a model that loads on :meth:`warm_up` or on first use, once, thread-safely.
 
     Subclasses implement :meth:`_load`; ``threads`` > 0 sets torch's intra-op threads first
-    (a process-wide setting, as torch has no per-model one).
+    (a process-wide setting, as torch has no per-model one). ``device``: ``cpu`` or ``cuda``
+    (``cuda:N``), where the model runs; loading on a CUDA device that torch cannot see raises
+    :class:`~ragline.errors.FailedPrecondition`.
     """
 
-    def __init__(self, model_id: str, threads: int = 0) -> None:
+    def __init__(self, model_id: str, threads: int = 0, device: str = "cpu") -> None:
+        if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
         self.model_id = model_id
         self.threads = threads
+        self.device = device
         self._model: Any = None
         self._lock = threading.Lock()
 
@@ -34,9 +42,14 @@ class LazyModel:
         with self._lock:
             if self._model is not None:
                 return
-            if self.threads > 0:
-                import torch
+            import torch
 
+            if self.device != "cpu" and not torch.cuda.is_available():
+                raise FailedPrecondition(
+                    f"{self.model_id} on {self.device!r}: torch sees no CUDA device "
+                    "(set RAGLINE_RETRIEVER_ENCODE_DEVICE=cpu)"
+                )
+            if self.threads > 0:
                 torch.set_num_threads(self.threads)
             self._model = self._load()
             self._loaded()
@@ -83,17 +96,18 @@ def cpu_has_vnni() -> bool:
     return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
-def resolve_dtype(setting: EncodeDtype) -> Literal["float32", "bfloat16"]:
-    """``auto``: bfloat16 where the CPU has it natively, else float32."""
+def resolve_dtype(setting: EncodeDtype, device: str = "cpu") -> Literal["float32", "bfloat16"]:
+    """``auto``: bfloat16 where the CPU computes it natively, else float32 (on a GPU too: the
+    packaged models are too small for autocast to pay there; ``bench/encode_device.py``)."""
     if setting == "auto":
-        return "bfloat16" if cpu_has_bf16() else "float32"
+        return "bfloat16" if device == "cpu" and cpu_has_bf16() else "float32"
     return setting
 
 
 def autocast(dtype: str, device: str = "cpu") -> AbstractContextManager[Any]:
-    """Mixed precision for a document batch on the CPU (float32: nothing changes)."""
-    if dtype != "bfloat16" or not device.startswith("cpu"):
+    """Mixed precision for a document batch (float32: nothing changes)."""
+    if dtype != "bfloat16":
         return nullcontext()
     import torch
 
-    return torch.autocast("cpu", dtype=torch.bfloat16)
+    return torch.autocast(device.partition(":")[0], dtype=torch.bfloat16)

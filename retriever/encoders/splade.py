@@ -36,7 +36,8 @@ class SpladeEncoder(LazyModel, QueryGraphs):
     ONNX Runtime (``retriever.encoders.onnx_query``), float32 documents go through it too, and
     with ``int8_documents`` all documents go through its int8-quantized copy (1.8x bfloat16
     on an AVX-512 EPYC, the same recall in ``bench/encode.py``; bfloat16 or float32 where the
-    int8 graph fails its check).
+    int8 graph fails its check). ``device="cuda"`` runs documents and queries on a GPU
+    through PyTorch (no ONNX graphs there).
     """
 
     def __init__(
@@ -50,14 +51,15 @@ class SpladeEncoder(LazyModel, QueryGraphs):
         query_runtime: QueryRuntime = "auto",
         onnx_dir: Path | None = None,
         int8_documents: bool = False,
+        device: str = "cpu",
     ) -> None:
-        super().__init__(model, threads)
-        self._init_query_graph(query_runtime, onnx_dir)
+        super().__init__(model, threads, device)
+        self._init_query_graph(query_runtime if device == "cpu" else "torch", onnx_dir)
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self.top_terms = top_terms
         """Keep only this many strongest terms per passage (0 = all): a smaller index."""
-        self.dtype = resolve_dtype(dtype)
+        self.dtype = resolve_dtype(dtype, device)
         """What documents are encoded in (queries: always float32)."""
         self.int8_documents = int8_documents
         """Documents through the int8 copy of the ONNX graph (where it runs and checks)."""
@@ -68,7 +70,7 @@ class SpladeEncoder(LazyModel, QueryGraphs):
 
         path = resolve_splade(self.model_id)
         logger.info("loading SPLADE model %s from %s", self.model_id, path)
-        model = SparseEncoder(path, device="cpu")
+        model = SparseEncoder(path, device=self.device)
         model.max_seq_length = min(self.max_seq_length, model.max_seq_length or 512)
         self._parts = _max_pooled_parts(model)
         if self._parts is None:
@@ -105,7 +107,7 @@ class SpladeEncoder(LazyModel, QueryGraphs):
         elif self._parts is not None:
             matrix = self._encode_max_pooled(texts, self.dtype)
         else:
-            with autocast(self.dtype):
+            with autocast(self.dtype, self.device):
                 tensor = model.encode_document(
                     list(texts), batch_size=self.batch_size, convert_to_sparse_tensor=True
                 )
@@ -150,23 +152,27 @@ class SpladeEncoder(LazyModel, QueryGraphs):
         body, transform, decoder, activations = self._parts
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         rows = np.zeros((len(texts), self.vocab_size), dtype=np.float32)
-        with torch.inference_mode(), autocast(dtype):
+        with torch.inference_mode(), autocast(dtype, self.device):
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
                 features = self.model.preprocess([texts[i] for i in batch])
                 inputs = {
-                    k: features[k]
+                    k: features[k].to(self.device)
                     for k in ("input_ids", "attention_mask", "token_type_ids")
                     if k in features
                 }
                 states = transform(body(**inputs).last_hidden_state)
-                real = features["attention_mask"].bool()
-                for j, i in enumerate(batch):
-                    peak = decoder(states[j][real[j]]).max(dim=0).values.float()
-                    weights = torch.relu(peak)
-                    for _ in range(activations):
-                        weights = torch.log1p(weights)
-                    rows[i] = weights.numpy()
+                real = inputs["attention_mask"].bool()
+                peaks = torch.stack(
+                    [
+                        decoder(states[j][real[j]]).max(dim=0).values.float()
+                        for j in range(len(batch))
+                    ]
+                )
+                weights = torch.relu(peaks)
+                for _ in range(activations):
+                    weights = torch.log1p(weights)
+                rows[batch] = weights.cpu().numpy()  # one copy per batch off a GPU
         return sp.csr_matrix(rows)
 
     def _encode_exported(self, texts: Sequence[str], int8: bool = False) -> sp.csr_matrix:
