@@ -18,6 +18,10 @@ cell, verbatim. It is used only when both ends are unambiguous:
 - the question asks one thing (:func:`ragline.text.asks`): half an answer to a question asking
   two is not its answer.
 
+Where no cell is quoted whole, a looser reading: the row whose label (first cell) has every
+content word in the question, the column whose header the question holds whole ("how many
+of the males aged 55 were blind?": row "No. blind:", column "55"), and only one such cell.
+
 Everything else goes to the model as before. The read still passes the answer contract and,
 where it is on, the second reading (:mod:`generator.verify`).
 """
@@ -208,6 +212,31 @@ def cell_of(q: Asked, table: TableText, number: int = 1) -> CellRead | None:
             best, found = score, [read]
         elif score == best:
             found.append(read)
-    if best is None or best[0] < most_named or len(found) != 1:
+    if best is None:
+        return _by_label_and_header(q, header, table.rows, width, number)
+    if best[0] < most_named or len(found) != 1:
         return None  # the row the question names most has no single column, or a tie
     return found[0]
+
+
+def _by_label_and_header(
+    q: Asked, header: list[str], rows: Sequence[list[str]], width: int, number: int
+) -> CellRead | None:
+    """The looser reading, where no cell is quoted whole: a row named by every content word
+    of its label (its first cell: "No. blind:" by "... were blind?"), a column whose header
+    the question holds whole ("aged 55"; a number, a year). The header must be held, not
+    merely share a word, since a label's words name a row less surely than a quoted cell;
+    every row so named that reads a cell the question does not hold counts, and only one may."""
+    columns = [j for j in range(1, width) if header[j].strip() and q.holds(header[j])]
+    if len(columns) != 1:
+        return None
+    j = columns[0]
+    found = []
+    for cells in rows:
+        row = (cells + [""] * width)[:width]
+        label = stems(row[0])
+        if not label or not label <= q.stems or not any(len(w) > 2 for w in label):
+            continue
+        if row[j].strip() and not q.holds(row[j]) and not q.holds(row[0]):
+            found.append(CellRead(number, row[0].rstrip(" :"), header[j], row[j]))
+    return found[0] if len(found) == 1 else None

@@ -134,3 +134,34 @@ def test_a_cell_read_passes_the_answer_contract() -> None:
     answer = check_answer(question, read.text, evidence, min_support=0.9, key_window=5)
     assert not answer.insufficient and "0-9" in answer.text
     assert [c.chunk_id for c in answer.citations] == ["manual-0"]
+
+
+WEATHER = "Station log:\n\n" + to_markdown(
+    ["Year:", "2019", "2020", "2021"],
+    [
+        ["Rain (mm):", "610", "702", "655"],
+        ["Sunny days:", "120", "98", "143"],
+        ["Days observed:", "365", "366", "365"],
+    ],
+)
+
+
+def test_a_row_named_by_its_label_words_and_a_header_held_whole_is_read() -> None:
+    read = read_table_cell("How many sunny days did the station log in 2020?", WEATHER, 3)
+    assert read is not None
+    assert read.text == "Sunny days, 2020: 98 [3]"
+    again = read_table_cell("How many days were sunny in 2020?", WEATHER)  # its words, any order
+    assert again is not None and again.cell == "98"
+    # the days-observed row is named too ("days", "observed"), but the question holds its cell
+    read = read_table_cell("Of the 366 days observed in 2020, how many were sunny days?", WEATHER)
+    assert read is not None and read.cell == "98"
+
+
+def test_a_label_or_header_named_loosely_reads_nothing() -> None:
+    # two rows named by their words, each with a cell the question does not hold
+    question = "In 2020, of the days observed, how many were sunny days?"
+    assert read_table_cell(question, WEATHER) is None
+    assert read_table_cell("How much rain fell in 2020 and in 2021?", WEATHER) is None
+    assert read_table_cell("How many sunny days were there in 1999?", WEATHER) is None
+    assert read_table_cell("Were there 98 sunny days in 2020?", WEATHER) is None
+    assert read_table_cell("How many sunny days were there?", WEATHER) is None
