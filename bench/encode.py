@@ -46,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.timing import p50_ms, per_second, print_table, recall_at_10  # noqa: E402
+from bench.report import p50_ms, per_second, print_markdown, recall_at_10  # noqa: E402
 from ragline.types import Chunk  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
@@ -201,7 +201,7 @@ def main() -> int:
         ("dense_recall_at_10", "dense R@10"),
     ]
     print(f"\n{len(texts)} passages, {len(questions)} questions, {args.threads} threads")
-    print_table(rows, columns)
+    print_markdown(rows, columns)
     report = {
         "machine": {
             "cpus": os.cpu_count(),

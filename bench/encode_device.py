@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.timing import p50_ms, per_second, print_table, recall_at_10  # noqa: E402
+from bench.report import p50_ms, per_second, print_markdown, recall_at_10  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE  # noqa: E402
 
@@ -157,7 +157,7 @@ def main() -> int:
         f"\n{len(unique)} passages ({args.passages} timed on the device), "
         f"{len(questions)} questions; device: {gpu or 'cpu'}"
     )
-    print_table(
+    print_markdown(
         rows,
         [
             ("variant", "variant"),

@@ -1,10 +1,13 @@
-"""What every bench prints and computes the same way: nearest-rank percentiles and padded
-tables. A module of its own, importing nothing heavy, so a bench that drives servers in
-subprocesses (``bench/soak.py``, ``bench/load.py``) loads neither torch nor the encoders."""
+"""What every bench prints and computes the same way: nearest-rank percentiles, padded and
+Markdown tables, passages/s, query p50 and Recall@10. A module of its own, importing nothing
+heavy, so a bench that drives servers in subprocesses (``bench/soak.py``, ``bench/load.py``)
+loads neither torch nor the encoders."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -26,3 +29,41 @@ def print_table(title: str, rows: Sequence[dict[str, Any]]) -> None:
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
         print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def per_second(fn: Callable[[list[str]], Any], texts: list[str]) -> tuple[float, Any]:
+    """Passages per second of ``fn`` over ``texts`` (after a small warm-up call), and its
+    output."""
+    fn(texts[:4])  # warm
+    started = time.perf_counter()
+    out = fn(texts)
+    return len(texts) / (time.perf_counter() - started), out
+
+
+def p50_ms(fn: Callable[[str], Any], queries: list[str]) -> float:
+    """Median milliseconds of ``fn`` per query (after three warm-up calls)."""
+    for q in queries[:3]:
+        fn(q)
+    times = []
+    for q in queries:
+        started = time.perf_counter()
+        fn(q)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def recall_at_10(scores: Any, truth: list[int]) -> float:
+    """Share of rows (queries) of a score matrix whose true column is among their 10 highest
+    scores."""
+    import numpy as np
+
+    top = np.argsort(-scores, axis=1)[:, :10]
+    return float(np.mean([t in row for t, row in zip(truth, top, strict=True)]))
+
+
+def print_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
+    """A Markdown table of ``rows`` with ``(key, header)`` columns."""
+    print("| " + " | ".join(h for _, h in columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row[k]) for k, _ in columns) + " |")
