@@ -46,7 +46,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import p50_ms, per_second, print_markdown, recall_at_10  # noqa: E402
+from bench.encode_device import COLUMNS, compare_to_first, recalls  # noqa: E402
+from bench.report import p50_ms, per_second, print_markdown  # noqa: E402
 from ragline.types import Chunk  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
@@ -113,14 +114,7 @@ def run_variant(
         "splade_query_p50_ms": round(p50_ms(splade.encode_query, queries), 2),
         "minilm_query_p50_ms": round(p50_ms(dense.encode_query, queries), 2),
     }
-    truth = [i for _, i in questions]
-    q_sparse = np.zeros((len(questions), rows.shape[1]), dtype=np.float32)
-    for n, (q, _) in enumerate(questions):
-        v = splade.encode_query(q)
-        q_sparse[n, list(v.indices)] = v.values
-    q_dense = np.stack([dense.encode_query(q) for q, _ in questions])
-    row["sparse_recall_at_10"] = round(recall_at_10(np.asarray(rows @ q_sparse.T).T, truth), 4)
-    row["dense_recall_at_10"] = round(recall_at_10(q_dense @ vectors.T, truth), 4)
+    row.update(recalls(splade, dense, rows, vectors, questions))
     row["_rows"], row["_vectors"] = rows, vectors
     return row
 
@@ -181,27 +175,10 @@ def main() -> int:
         dense = DenseEncoder(PACKAGED_MINILM, max_seq_length=dense_tokens, **options)
         rows.append(run_variant(name, splade, dense, texts, questions, st))
         print(f"{name}: done", file=sys.stderr, flush=True)
-    base_rows, base_vectors = rows[0]["_rows"], rows[0]["_vectors"]
-    for row in rows:
-        row["splade_max_weight_change"] = round(float(abs(row["_rows"] - base_rows).max()), 4)
-        cos = np.sum(row["_vectors"] * base_vectors, axis=1)
-        row["minilm_min_cosine"] = round(float(cos.min()), 5)
-        del row["_rows"], row["_vectors"]
+    compare_to_first(rows)
 
-    columns = [
-        ("variant", "variant"),
-        ("splade_per_s", "SPLADE /s"),
-        ("minilm_per_s", "MiniLM /s"),
-        ("both_per_s", "both /s"),
-        ("splade_query_p50_ms", "SPLADE query ms"),
-        ("minilm_query_p50_ms", "MiniLM query ms"),
-        ("splade_max_weight_change", "max Δ weight"),
-        ("minilm_min_cosine", "min cosine"),
-        ("sparse_recall_at_10", "sparse R@10"),
-        ("dense_recall_at_10", "dense R@10"),
-    ]
     print(f"\n{len(texts)} passages, {len(questions)} questions, {args.threads} threads")
-    print_markdown(rows, columns)
+    print_markdown(rows, COLUMNS)
     report = {
         "machine": {
             "cpus": os.cpu_count(),

@@ -40,6 +40,52 @@ SPLADE = os.environ.get("RAGLINE_RETRIEVER_SPLADE_MODEL", PACKAGED_SPLADE)
 MINILM = os.environ.get("RAGLINE_RETRIEVER_DENSE_MODEL", PACKAGED_MINILM)
 
 
+COLUMNS = [
+    ("variant", "variant"),
+    ("splade_per_s", "SPLADE /s"),
+    ("minilm_per_s", "MiniLM /s"),
+    ("both_per_s", "both /s"),
+    ("splade_query_p50_ms", "SPLADE query ms"),
+    ("minilm_query_p50_ms", "MiniLM query ms"),
+    ("splade_max_weight_change", "max Δ weight"),
+    ("minilm_min_cosine", "min cosine"),
+    ("sparse_recall_at_10", "sparse R@10"),
+    ("dense_recall_at_10", "dense R@10"),
+]
+"""The encode benches' table (this bench's and ``bench/encode.py``'s)."""
+
+
+def recalls(
+    splade: SpladeEncoder,
+    dense: DenseEncoder,
+    rows: Any,
+    vectors: np.ndarray,
+    questions: list[tuple[str, int]],
+) -> dict[str, float]:
+    """Sparse and dense Recall@10 (exact search) of (question, its passage's row) over the
+    encoded passages."""
+    q_sparse = np.zeros((len(questions), rows.shape[1]), dtype=np.float32)
+    for n, (q, _) in enumerate(questions):
+        v = splade.encode_query(q)
+        q_sparse[n, list(v.indices)] = v.values
+    q_dense = np.stack([dense.encode_query(q) for q, _ in questions])
+    truth = [i for _, i in questions]
+    return {
+        "sparse_recall_at_10": round(recall_at_10(np.asarray(rows @ q_sparse.T).T, truth), 4),
+        "dense_recall_at_10": round(recall_at_10(q_dense @ vectors.T, truth), 4),
+    }
+
+
+def compare_to_first(rows: list[dict[str, Any]]) -> None:
+    """Each variant's largest SPLADE weight change and lowest MiniLM cosine against the first
+    variant's vectors (its ``_rows`` / ``_vectors``, dropped from every row here)."""
+    base_rows, base_vectors = rows[0]["_rows"], rows[0]["_vectors"]
+    for row in rows:
+        row["splade_max_weight_change"] = round(float(abs(row["_rows"] - base_rows).max()), 4)
+        row["minilm_min_cosine"] = round(float(np.sum(row["_vectors"] * base_vectors, 1).min()), 5)
+        del row["_rows"], row["_vectors"]
+
+
 def load_passages(pattern: str) -> tuple[list[str], list[tuple[str, int]]]:
     """The unique passages of the question records, and (question, its passage's position)."""
     position: dict[str, int] = {}
@@ -76,12 +122,6 @@ def run_variant(
     dense_rate, _ = per_second(dense.encode_documents, timed)
     rows, vectors = splade.encode_documents(unique), dense.encode_documents(unique)
     queries = [q for q, _ in questions]
-    q_sparse = np.zeros((len(queries), rows.shape[1]), dtype=np.float32)
-    for n, q in enumerate(queries):
-        v = splade.encode_query(q)
-        q_sparse[n, list(v.indices)] = v.values
-    q_dense = np.stack([dense.encode_query(q) for q in queries])
-    truth = [i for _, i in questions]
     return {
         "variant": f"{device}, {dtype}, batch {batch_size}"
         + (f", {threads} threads" if device == "cpu" else ""),
@@ -90,8 +130,7 @@ def run_variant(
         "both_per_s": round(1 / (1 / sparse_rate + 1 / dense_rate), 1),
         "splade_query_p50_ms": round(p50_ms(splade.encode_query, queries[:60]), 2),
         "minilm_query_p50_ms": round(p50_ms(dense.encode_query, queries[:60]), 2),
-        "sparse_recall_at_10": round(recall_at_10(np.asarray(rows @ q_sparse.T).T, truth), 4),
-        "dense_recall_at_10": round(recall_at_10(q_dense @ vectors.T, truth), 4),
+        **recalls(splade, dense, rows, vectors, questions),
         "_rows": rows,
         "_vectors": vectors,
     }
@@ -146,32 +185,14 @@ def main() -> int:
                     )
                 )
                 print(f"{rows[-1]['variant']}: done", file=sys.stderr, flush=True)
-    base_rows, base_vectors = rows[0]["_rows"], rows[0]["_vectors"]
-    for row in rows:
-        row["splade_max_weight_change"] = round(float(abs(row["_rows"] - base_rows).max()), 4)
-        row["minilm_min_cosine"] = round(float(np.sum(row["_vectors"] * base_vectors, 1).min()), 5)
-        del row["_rows"], row["_vectors"]
+    compare_to_first(rows)
 
     gpu = torch.cuda.get_device_name(args.device) if args.device != "cpu" else None
     print(
         f"\n{len(unique)} passages ({args.passages} timed on the device), "
         f"{len(questions)} questions; device: {gpu or 'cpu'}"
     )
-    print_markdown(
-        rows,
-        [
-            ("variant", "variant"),
-            ("splade_per_s", "SPLADE /s"),
-            ("minilm_per_s", "MiniLM /s"),
-            ("both_per_s", "both /s"),
-            ("splade_query_p50_ms", "SPLADE query ms"),
-            ("minilm_query_p50_ms", "MiniLM query ms"),
-            ("splade_max_weight_change", "max Δ weight"),
-            ("minilm_min_cosine", "min cosine"),
-            ("sparse_recall_at_10", "sparse R@10"),
-            ("dense_recall_at_10", "dense R@10"),
-        ],
-    )
+    print_markdown(rows, COLUMNS)
     report = {
         "machine": {
             "cpus": os.cpu_count(),
