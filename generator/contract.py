@@ -2,7 +2,8 @@
 
 A small model invents answers to unanswerable questions, so the prompt is not trusted alone:
 
-- the answer must say something the question does not (``no_content``);
+- the answer must say something the question does not (``no_content``; with quotes on, an
+  answer that only points at passages, "the function is [2].", is quoted from them);
 - its new content words must occur in the cited passages, numbers and identifiers near a
   question word there, section numbers not counting (``unsupported``, ``key_unanchored``);
 - a question that asks for a number (how many, which version, what value, a limit) needs a
@@ -447,7 +448,9 @@ def check_answer(
         min_support: share of the answer's new content words that must occur in the cited text.
         key_window: when > 0, every number or identifier the answer adds must occur in the cited
             text within this many words of a question word (``key_unanchored`` otherwise).
-        quote: let the top passage's best sentence replace a failed or off-question answer.
+        quote: let the top passage's best sentence replace a failed or off-question answer,
+            and an answer that only points at passages ("the function is [2].") be answered
+            by the best sentence of those it cites.
         quote_off_question: with ``quote``, also replace an answer that passed the checks but
             holds far less of the question than that sentence (off: only failed answers).
     """
@@ -464,7 +467,12 @@ def check_answer(
     new_words = new_content(body, question)
     empty = no_content(question, body, new_words)
     if empty:
-        return Answer.insufficient_info(empty)
+        # "The vectorized version of the if/else construct is [2].": the model pointed at the
+        # passage holding the answer instead of writing it; quote that passage's best sentence
+        found = quote_for(question, set(), evidence, cited) if quote and cited else None
+        if found is None:
+            return Answer.insufficient_info(empty)
+        return _finished(question, f"{found[0]} [{found[1]}]", [found[1]], evidence)
     cited = cited or cite_by_words(new_words, evidence)
     reason = grounding_failure(question, body, new_words, cited, evidence, min_support, key_window)
     if reason is Reason.UNSUPPORTED:
@@ -488,6 +496,11 @@ def check_answer(
         if found is None:
             return Answer.insufficient_info(reason)
         text, cited = f"{found[0]} [{found[1]}]", [found[1]]
+    return _finished(question, text, cited, evidence)
+
+
+def _finished(question: str, text: str, cited: list[int], evidence: Sequence[Hit]) -> Answer:
+    """The last checks of an answer or a quote standing in for it, and its citations."""
     reason = no_number(question, CITATION.sub("", text))  # a quote may lack the number
     if reason:
         return Answer.insufficient_info(reason)

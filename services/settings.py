@@ -607,7 +607,8 @@ class GeneratorSettings(BaseSettings):
         True,
         description="When the model's answer fails the support check, answer with the top "
         "passage's best-matching sentence, verbatim and cited (if it holds 60% of the question's "
-        "words) instead of INSUFFICIENT_INFO.",
+        "words) instead of INSUFFICIENT_INFO; an answer that only points at a passage ('the "
+        "function is [2].') is answered by that passage's best sentence the same way.",
     )
     quote_off_question: bool = Field(
         True,

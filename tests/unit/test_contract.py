@@ -403,6 +403,27 @@ def test_an_answer_that_only_restates_the_question_has_no_content() -> None:
     assert check_answer(question, raw, evidence, 0.9, 5).reason == "no_content"
 
 
+def test_an_answer_that_points_at_a_passage_is_answered_by_its_quote() -> None:
+    question = "Which tool compacts old journal files?"
+    evidence = [
+        hit("The archive keeps daily snapshots of the journal for a week.", n=0),
+        hit("Old journal files are compacted every night by a tool of their own, jcompact.", n=1),
+    ]
+    raw = "The tool that compacts old journal files is [2]."
+    answer = check_answer(question, raw, evidence, 0.9, 5, quote=True)
+    assert not answer.insufficient
+    assert answer.text == (
+        "Old journal files are compacted every night by a tool of their own, jcompact. [2]"
+    )
+    assert [c.number for c in answer.citations] == [2]
+    assert check_answer(question, raw, evidence, 0.9, 5, quote=False).reason == "no_content"
+    # pointing at nothing, or at a passage without a sentence on the question: no answer
+    uncited = "The tool that compacts old journal files is the tool."
+    assert check_answer(question, uncited, evidence, 0.9, 5, quote=True).reason == "no_content"
+    elsewhere = "The tool that compacts old journal files is [1]."
+    assert check_answer(question, elsewhere, evidence, 0.9, 5, quote=True).reason == "no_content"
+
+
 def test_a_section_number_is_no_answer() -> None:
     # "6.1.2" is in the passage only as its section's number
     evidence = [
