@@ -34,6 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import write_report  # noqa: E402
 from retriever.backend import Filters, IndexBackend  # noqa: E402
 from retriever.qdrant_backend import QdrantBackend, QdrantMode  # noqa: E402
 from retriever.search import Retriever, SearchOptions  # noqa: E402
@@ -215,9 +216,7 @@ async def main() -> int:
             len(c.pages) for _, cs in docs.values() for c in cs
         ),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.encode_device import COLUMNS, compare_to_first, recalls  # noqa: E402
-from bench.report import p50_ms, per_second, print_markdown  # noqa: E402
+from bench.report import p50_ms, per_second, print_markdown, write_report  # noqa: E402
 from ragline.types import Chunk  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
@@ -192,9 +192,7 @@ def main() -> int:
         "threads": args.threads,
         "variants": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

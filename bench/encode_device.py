@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import p50_ms, per_second, print_markdown, recall_at_10  # noqa: E402
+from bench.report import p50_ms, per_second, print_markdown, recall_at_10, write_report  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE  # noqa: E402
 
@@ -205,9 +205,7 @@ def main() -> int:
         "questions": len(questions),
         "variants": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

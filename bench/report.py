@@ -5,9 +5,11 @@ loads neither torch nor the encoders."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -67,3 +69,10 @@ def print_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, 
     print("|" + "---|" * len(columns))
     for row in rows:
         print("| " + " | ".join(str(row[k]) for k, _ in columns) + " |")
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Write a bench's JSON report (its folder made) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {path}")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from bench import synthetic_dense, synthetic_sparse  # noqa: E402
-from bench.report import percentile, print_table  # noqa: E402
+from bench.report import percentile, print_table, write_report  # noqa: E402
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from retriever.encoders import prune_rows  # noqa: E402
 from retriever.indexer import Indexer  # noqa: E402
@@ -249,9 +249,7 @@ async def main() -> int:
     print_table("Synthetic SPLADE-like corpus: sparse backends", sparse_rows)
     print_table("Synthetic 384-d clustered corpus: HNSW (M 32, efConstruction 200)", dense_rows)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"\nwrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

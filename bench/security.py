@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import percentile, print_table  # noqa: E402
+from bench.report import percentile, print_table, write_report  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.auth import new_token  # noqa: E402
 from services.build import build_gateway, build_local_indexer  # noqa: E402
@@ -145,9 +145,7 @@ def main() -> int:
     report = asyncio.run(run(args))
     title = f"Retrieve over gRPC, {report['questions']} questions, {args.tokens} tokens configured"
     print_table(title, report["rows"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
     return 0
 
 

@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import write_report  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 
 FALLBACK_QUESTIONS = [
@@ -187,9 +188,7 @@ def main() -> int:
     print("-" * 100)
     for name, workload, figure in rows:
         print(f"{name:<22} {workload:<48} {figure}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"\nwrote {args.out}")
+    write_report(args.out, result)
     return 0
 
 

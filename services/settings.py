@@ -20,7 +20,7 @@ from generator.models import (
 )
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
-from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE, resolve_splade
+from retriever.models import DEVICE_PATTERN, PACKAGED_MINILM, PACKAGED_SPLADE, resolve_splade
 
 
 class ServerSettings(BaseSettings):
@@ -312,7 +312,7 @@ class RetrieverSettings(BaseSettings):
     )
     encode_device: str = Field(
         "cpu",
-        pattern=r"^(cpu|cuda(:\d+)?)$",
+        pattern=DEVICE_PATTERN,
         description="Where SPLADE and the dense model run: cpu, or cuda / cuda:N for a GPU "
         "(PyTorch's CUDA build; queries through PyTorch there instead of ONNX Runtime). A "
         "GPU encodes an ingest's chunks ~50x faster (bench/encode_device.py); the service "

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ragline.errors import FailedPrecondition
+from retriever.models import DEVICE_PATTERN
 
 EncodeDtype = Literal["auto", "float32", "bfloat16"]
 
@@ -27,7 +28,7 @@ class LazyModel:
     """
 
     def __init__(self, model_id: str, threads: int = 0, device: str = "cpu") -> None:
-        if device != "cpu" and not re.fullmatch(r"cuda(:\d+)?", device):
+        if not re.fullmatch(DEVICE_PATTERN, device):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
         self.model_id = model_id
         self.threads = threads
