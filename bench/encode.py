@@ -18,7 +18,10 @@ variant of the encoders:
 - ``ragline, bfloat16, ONNX Runtime queries`` (the default where the CPU has bfloat16
   natively): documents in bfloat16;
 - ``…, SPLADE int8 passages``: SPLADE's passages through its ONNX graph quantized to int8
-  (``RAGLINE_RETRIEVER_SPLADE_INT8_DOCUMENTS=true``), MiniLM's as in the variant named.
+  (``RAGLINE_RETRIEVER_SPLADE_INT8_DOCUMENTS=true``), MiniLM's as in the variant named;
+- ``…, int8 queries``: both models' queries through their int8 graphs
+  (``RAGLINE_RETRIEVER_INT8_QUERIES=true``; with SPLADE's int8 passages, what ``make run``
+  serves).
 
 Per variant: SPLADE and MiniLM passages/s and both together (what ingest pays per chunk),
 query encode p50, the largest change to any SPLADE weight and the lowest MiniLM cosine against
@@ -147,29 +150,36 @@ def main() -> int:
     questions = [(q, position[cid]) for q, cid in asked]
 
     fast = "ragline, float32, ONNX Runtime queries + SPLADE passages"
-    variants: list[tuple[str, EncodeDtype, bool, QueryRuntime, int, bool]] = [
-        ("sentence-transformers, float32", "float32", True, "torch", 256, False),
-        ("ragline, float32, torch queries", "float32", False, "torch", 256, False),
-        (fast, "float32", False, "onnx", 256, False),
-        (f"{fast}, MiniLM 128 tokens", "float32", False, "onnx", 128, False),
+    # name, documents' dtype, sentence-transformers' paths, query runtime, MiniLM's tokens,
+    # SPLADE's int8 passages, int8 queries
+    variants: list[tuple[str, EncodeDtype, bool, QueryRuntime, int, bool, bool]] = [
+        ("sentence-transformers, float32", "float32", True, "torch", 256, False, False),
+        ("ragline, float32, torch queries", "float32", False, "torch", 256, False, False),
+        (fast, "float32", False, "onnx", 256, False, False),
+        (f"{fast}, MiniLM 128 tokens", "float32", False, "onnx", 128, False, False),
     ]
     last = fast
     if cpu_has_bf16():
         last = "ragline, bfloat16, ONNX Runtime queries"
-        variants.append((last, "bfloat16", False, "onnx", 256, False))
-        variants.append((f"{last}, MiniLM 128 tokens", "bfloat16", False, "onnx", 128, False))
+        variants.append((last, "bfloat16", False, "onnx", 256, False, False))
+        variants.append(
+            (f"{last}, MiniLM 128 tokens", "bfloat16", False, "onnx", 128, False, False)
+        )
     dtype_last: EncodeDtype = "bfloat16" if cpu_has_bf16() else "float32"
-    variants.append((f"{last}, SPLADE int8 passages", dtype_last, False, "onnx", 256, True))
-    variants.append(
-        (f"{last}, SPLADE int8 passages, MiniLM 128 tokens", dtype_last, False, "onnx", 128, True)
-    )
+    int8_passages = f"{last}, SPLADE int8 passages"
+    variants += [
+        (int8_passages, dtype_last, False, "onnx", 256, True, False),
+        (f"{int8_passages}, MiniLM 128 tokens", dtype_last, False, "onnx", 128, True, False),
+        (f"{int8_passages}, int8 queries", dtype_last, False, "onnx", 256, True, True),
+    ]
     rows = []
-    for name, dtype, st, runtime, dense_tokens, int8 in variants:
+    for name, dtype, st, runtime, dense_tokens, int8, int8_queries in variants:
         options: dict[str, Any] = {
             "batch_size": args.batch_size,
             "threads": args.threads,
             "dtype": dtype,
             "query_runtime": runtime,
+            "int8_queries": int8_queries,
         }
         splade = SpladeEncoder(PACKAGED_SPLADE, int8_documents=int8, **options)
         dense = DenseEncoder(PACKAGED_MINILM, max_seq_length=dense_tokens, **options)

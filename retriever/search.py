@@ -150,8 +150,8 @@ class Retriever:
         task.add_done_callback(self._sweeps.discard)
 
     def model_ids(self) -> str:
-        sparse = self.sparse.model_id + ("+idf-query" if self.query_encoder == "idf" else "")
-        return sparse + ("|" + self.dense.model_id if self.dense else "")
+        sparse = self.sparse.query_key + ("+idf-query" if self.query_encoder == "idf" else "")
+        return sparse + ("|" + self.dense.query_key if self.dense else "")
 
     def encode_sparse(self, view: SearchView, query: str) -> SparseVector:
         if self.query_encoder == "idf":

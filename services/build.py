@@ -61,6 +61,7 @@ def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | No
         onnx_dir=r.onnx_dir,
         int8_documents=r.splade_int8_documents,
         device=r.encode_device,
+        int8_queries=r.int8_queries,
     )
     dense_encoder = (
         DenseEncoder(
@@ -72,6 +73,7 @@ def build_encoders(settings: Settings) -> tuple[SpladeEncoder, DenseEncoder | No
             dtype=r.encode_dtype,
             query_runtime=r.query_runtime,
             onnx_dir=r.onnx_dir,
+            int8_queries=r.int8_queries,
         )
         if r.dense_model
         else None

@@ -51,6 +51,7 @@ def encoder_specs(indexer: Indexer[IndexBackend]) -> dict[str, Any]:
             "query_runtime": s.query_runtime,
             "onnx_dir": s.onnx_dir,
             "int8_documents": s.int8_documents,
+            "int8_queries": s.int8_queries,
         }
     }
     if indexer.dense is not None:
@@ -64,6 +65,7 @@ def encoder_specs(indexer: Indexer[IndexBackend]) -> dict[str, Any]:
             "dtype": d.dtype,
             "query_runtime": d.query_runtime,
             "onnx_dir": d.onnx_dir,
+            "int8_queries": d.int8_queries,
         }
     return specs
 

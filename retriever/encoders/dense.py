@@ -38,13 +38,16 @@ class DenseEncoder(LazyModel, QueryGraphs):
         dtype: EncodeDtype = "float32",
         query_runtime: QueryRuntime = "auto",
         onnx_dir: Path | None = None,
+        int8_queries: bool = False,
     ) -> None:
         super().__init__(model, threads, device)
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length
         self.dtype = resolve_dtype(dtype, device)
         """What passages are encoded in (queries: always float32)."""
-        self._init_query_graph(query_runtime if device == "cpu" else "torch", onnx_dir)
+        self._init_query_graph(
+            query_runtime if device == "cpu" else "torch", onnx_dir, int8_queries
+        )
         self._mean_pooled = False
 
     def _load(self) -> Any:

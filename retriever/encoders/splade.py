@@ -52,9 +52,12 @@ class SpladeEncoder(LazyModel, QueryGraphs):
         onnx_dir: Path | None = None,
         int8_documents: bool = False,
         device: str = "cpu",
+        int8_queries: bool = False,
     ) -> None:
         super().__init__(model, threads, device)
-        self._init_query_graph(query_runtime if device == "cpu" else "torch", onnx_dir)
+        self._init_query_graph(
+            query_runtime if device == "cpu" else "torch", onnx_dir, int8_queries
+        )
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self.top_terms = top_terms

@@ -217,3 +217,49 @@ def test_an_int8_graph_that_drifts_from_the_model_is_refused(
     rows = refused.encode_documents(PASSAGES[:2]).toarray()
     assert refused._onnx is not None and refused._onnx.int8_ok is False  # logged, not raised
     assert np.abs(rows - exact.encode_documents(PASSAGES[:2]).toarray()).max() < 1e-5
+
+
+def test_int8_queries_run_through_the_checked_quantized_graphs(tmp_path: Path) -> None:
+    fast = DenseEncoder(
+        PACKAGED_MINILM, threads=2, query_runtime="onnx", onnx_dir=tmp_path, int8_queries=True
+    )
+    exact = DenseEncoder(PACKAGED_MINILM, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    fast.warm_up()
+    assert fast._onnx is not None and fast._onnx.int8_ok is True  # checked on loading
+    assert fast._onnx.int8_path.exists()
+    assert fast.query_key == PACKAGED_MINILM + "+int8q" and exact.query_key == PACKAGED_MINILM
+    mine = np.stack([fast.encode_query(q) for q in QUERIES[:2]])
+    want = np.stack([exact.encode_query(q) for q in QUERIES[:2]])
+    assert not np.array_equal(mine, want)  # really quantized ...
+    assert _cosines(mine, want).min() > 0.98  # ... and close to the model
+    passages = exact.encode_documents(PASSAGES)
+    assert np.array_equal(np.argmax(mine @ passages.T, axis=1), np.argmax(want @ passages.T, 1))
+    # documents stay on torch: the same rows either way
+    assert np.allclose(fast.encode_documents(PASSAGES[:2]), passages[:2], atol=1e-6)
+
+    sparse = SpladeEncoder(
+        PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path, int8_queries=True
+    )
+    plain = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    got, ref = sparse.encode_query(QUERIES[0]), plain.encode_query(QUERIES[0])
+    assert got != ref
+    dense_got = np.zeros(sparse.vocab_size, dtype=np.float32)
+    dense_ref = np.zeros_like(dense_got)
+    dense_got[list(got.indices)], dense_ref[list(ref.indices)] = got.values, ref.values
+    assert _cosines(dense_got[None], dense_ref[None])[0] > 0.98
+    assert set(np.argsort(-dense_got)[:5]) == set(np.argsort(-dense_ref)[:5])
+
+
+def test_queries_stay_float32_where_the_int8_graph_fails_its_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import retriever.encoders.onnx_query as onnx_query
+
+    monkeypatch.setattr(onnx_query, "INT8_MIN_COSINE", 1.01)  # no quantized graph can pass
+    refused = DenseEncoder(
+        PACKAGED_MINILM, threads=2, query_runtime="onnx", onnx_dir=tmp_path, int8_queries=True
+    )
+    exact = DenseEncoder(PACKAGED_MINILM, threads=2, query_runtime="onnx", onnx_dir=tmp_path)
+    got = refused.encode_query(QUERIES[0])  # logged, not raised
+    assert refused._onnx is not None and refused._onnx.int8_ok is False
+    assert np.array_equal(got, exact.encode_query(QUERIES[0]))
