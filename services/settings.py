@@ -348,7 +348,7 @@ class RetrieverSettings(BaseSettings):
         "(ONNX Runtime's dynamic quantization, made once and checked against the float32 "
         "graph on probe passages, else float32/bfloat16, logged; needs the ONNX query path): "
         "~1.8x bfloat16's passages/s on 2 AVX-512 cores at the same dev recall (README "
-        "'Benchmarks'). false: float32 or bfloat16 (encode_dtype). Queries stay float32. "
+        "'Benchmarks'). false: float32 or bfloat16 (encode_dtype). Queries: int8_queries. "
         "New ingests only.",
     )
     onnx_dir: Path = Field(

@@ -32,9 +32,10 @@ class SpladeEncoder(LazyModel, QueryGraphs):
     activating and pooling a padded ``batch x tokens x 30k`` tensor (several passes over ~1 GB
     at batch 32): 14 → 33 passages/s on 2 cores, bit-identical in float32
     (``bench/encode.py``). ``dtype="bfloat16"`` runs documents in bfloat16 where the CPU has it
-    natively (another ~2x); queries always run in float32. Where the query graph runs through
-    ONNX Runtime (``retriever.encoders.onnx_query``), float32 documents go through it too, and
-    with ``int8_documents`` all documents go through its int8-quantized copy (1.8x bfloat16
+    natively (another ~2x); queries run in float32 (int8 with ``int8_queries``). Where the
+    query graph runs through ONNX Runtime (``retriever.encoders.onnx_query``), float32
+    documents go through it too, and with ``int8_documents`` all documents go through its
+    int8-quantized copy (1.8x bfloat16
     on an AVX-512 EPYC, the same recall in ``bench/encode.py``; bfloat16 or float32 where the
     int8 graph fails its check). ``device="cuda"`` runs documents and queries on a GPU
     through PyTorch (no ONNX graphs there).
@@ -63,7 +64,7 @@ class SpladeEncoder(LazyModel, QueryGraphs):
         self.top_terms = top_terms
         """Keep only this many strongest terms per passage (0 = all): a smaller index."""
         self.dtype = resolve_dtype(dtype, device)
-        """What documents are encoded in (queries: always float32)."""
+        """What documents are encoded in (queries: float32, or int8 with ``int8_queries``)."""
         self.int8_documents = int8_documents
         """Documents through the int8 copy of the ONNX graph (where it runs and checks)."""
         self._parts: tuple[Any, Any, Any, int] | None = None
