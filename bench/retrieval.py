@@ -146,7 +146,7 @@ async def bench_rpc(settings: Settings, questions: list[str], k: int) -> dict[st
     settings.server.port = 0
     settings.cache.key_prefix = f"ragline-bench:{uuid.uuid4().hex}:"
     gateway = build_gateway(settings)
-    running = await start_server(settings, gateway)
+    running = await start_server(settings, gateway, warm_generator=False)  # Retrieve only
     miss, hit, at_retriever, hits_ok = [], [], [], 0
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
