@@ -143,14 +143,14 @@ class OnnxQuery:
 
     def __call__(self, input_ids: list[int]) -> np.ndarray:
         ids = np.asarray([input_ids], dtype=np.int64)
-        session = self._query8 or self._session
+        session = self._session if self._query8 is None else self._query8
         return np.asarray(session.run(None, {"input_ids": ids})[0], dtype=np.float32)
 
     def int8_queries(self) -> bool:
         """Encode queries through the int8 graph from now on, where it passed its check
         (:meth:`int8_ready`); whether they now do. A query's products then run in int8
         (VNNI where the CPU has it): MiniLM 5.1 → 3.0 ms, hybrid ``Retrieve`` miss 11.4 →
-        8.4 ms over gRPC on 2 AVX-512 cores, dev R@10 the same (README "Benchmarks")."""
+        7.2-7.6 ms over gRPC on 2 AVX-512 cores, dev R@10 the same (README "Benchmarks")."""
         if self._query8 is None and self.int8_ready():
             self._query8 = self._open(self.int8_path, spinning=False)
         return self._query8 is not None

@@ -35,10 +35,10 @@ class SpladeEncoder(LazyModel, QueryGraphs):
     natively (another ~2x); queries run in float32 (int8 with ``int8_queries``). Where the
     query graph runs through ONNX Runtime (``retriever.encoders.onnx_query``), float32
     documents go through it too, and with ``int8_documents`` all documents go through its
-    int8-quantized copy (1.8x bfloat16
-    on an AVX-512 EPYC, the same recall in ``bench/encode.py``; bfloat16 or float32 where the
-    int8 graph fails its check). ``device="cuda"`` runs documents and queries on a GPU
-    through PyTorch (no ONNX graphs there).
+    int8-quantized copy (1.8x bfloat16 on an AVX-512 EPYC, the same recall in
+    ``bench/encode.py``; bfloat16 or float32 where the int8 graph fails its check).
+    ``device="cuda"`` runs documents and queries on a GPU through PyTorch (no ONNX graphs
+    there).
     """
 
     def __init__(
