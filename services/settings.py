@@ -337,10 +337,10 @@ class RetrieverSettings(BaseSettings):
     int8_queries: bool = Field(
         True,
         description="Encode queries (SPLADE and MiniLM) through their ONNX graphs quantized "
-        "to int8 (the graphs SPLADE's int8 passages use, made once and checked against "
-        "float32 on probe passages, else float32, logged; needs the ONNX query path): hybrid "
-        "Retrieve miss 11.4 -> 8.4 ms p50 over gRPC on 2 AVX-512 cores, the same dev R@10 "
-        "(README 'Benchmarks'). false: float32 queries.",
+        "to int8 (made once into onnx_dir, SPLADE's shared with its int8 passages, each "
+        "checked against float32 on probes first, else float32, logged; needs the ONNX query "
+        "path): hybrid Retrieve miss 11.4 -> 7.2-7.6 ms p50 over gRPC on 2 AVX-512 cores, "
+        "the same dev R@10 (README 'Benchmarks'). false: float32 queries.",
     )
     splade_int8_documents: bool = Field(
         True,
