@@ -73,6 +73,15 @@ def named_documents(text: str, tables: _Tables) -> tuple[list[str], str]:
     return found, " ".join(folded.split())
 
 
+def _front_matter(hit: Hit) -> bool:
+    """Whether a hit lies before the first heading of its document's outline (title page,
+    copyright notice, contents: no title path) — where a document has headings at all, as
+    every other chunk of it then has one. A part that names a document asks what the
+    document says, and its front matter, which names the document and calls it a manual,
+    matches such a part for the wrong reason: it goes after the part's other hits."""
+    return not hit.chunk.title_path
+
+
 def _name(tables: _Tables, key: str) -> str:
     return tables.names.get(key, ("", key))[1]
 
@@ -206,6 +215,8 @@ class GraphPath:
             else:
                 docs = []
             found_hits = await search(piece, self.part_k, tuple(docs))
+            if docs:
+                found_hits = sorted(found_hits, key=_front_matter)
             queues.append([replace(h, score=floor, via=label) for h in found_hits])
         fresh = [g for g in found if g.chunk_id not in taken]
         chunks = get_chunks([g.chunk_id for g in fresh]) or []

@@ -252,3 +252,38 @@ def test_a_part_that_names_a_document_is_searched_in_it_without_the_title() -> N
     asyncio.run(path.expand(question, [], 10, search, lambda ids: [], lambda c: True))
     assert asked[0] == ("tells keepers how to trim wicks before dusk.", ("hub",))
     assert asked[1][1] == ()
+
+
+def test_a_named_documents_front_matter_goes_after_its_sections() -> None:
+    title = "The Lantern Keeper's Handbook"
+    guide = [replace(c, doc_title=title, title_path=("Wicks",)) for c in docs("hub")["hub"][1]]
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    index.sync({"hub": ("hash-hub", guide), **docs("other")})
+    cover = Chunk(
+        chunk_id="hub-front",
+        doc_id="hub",
+        ordinal=0,
+        text=f"{title}. Permission is granted to copy this handbook; it tells keepers a lot.",
+        pages=(1,),
+        source="hub.pdf",
+        doc_title=title,
+    )  # before the outline's first heading: no title path
+    trimming = replace(guide[0], text="Keepers trim wicks before dusk with brass shears.")
+    elsewhere = chunk("other", 5, "Storm lanterns burn paraffin oil longest, the lake guide says.")
+
+    async def search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
+        if doc_ids:  # the part in the document it names: the cover page matches best
+            return [Hit(cover, 0.9), Hit(trimming, 0.8)]
+        return [Hit(elsewhere, 0.7)]  # outside a named document the order is the search's
+
+    question = (
+        f"{title} tells keepers how to trim wicks before dusk. "
+        "Which oil burns longest in a storm lantern?"
+    )
+    path = GraphPath(index, WalkConfig(), slots=2)
+    fused, used = asyncio.run(
+        path.expand(question, [], 10, search, lambda ids: [], lambda c: True, append=True)
+    )
+    assert used
+    assert [h.chunk.chunk_id for h in fused] == [trimming.chunk_id, elsewhere.chunk_id]
+    assert fused[0].via == "part 1 of the question, in the document it names"
