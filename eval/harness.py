@@ -17,7 +17,7 @@ import pymupdf
 from eval.corpus import corpus_manifest_for, ensure_corpus
 from eval.questions import LoadResult, load_beir, load_questions, load_squad2
 from eval.report import build_report, summary_table, write_outputs
-from eval.runner import Runner
+from eval.runner import DEFAULT_CANDIDATES, Runner
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +37,9 @@ class EvalOptions:
     limit: int = 0
     answers: bool = True
     k: int = 100
+    candidates: int = 0
+    """Passages the evidence filter is measured on per question; 0 = the embedded server's
+    ``RAGLINE_GENERATOR_EVIDENCE_CANDIDATES`` (8 for a ``--target``)."""
     corpus_dir: Path = ROOT / "data" / "eval-corpus"
     progress: bool = True
 
@@ -128,10 +131,14 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
         stats = await ragline_pb2_grpc.RaglineStub(channel).GetStats(
             ragline_pb2.GetStatsRequest(), timeout=30
         )
+        generator = (config.get("settings") or {}).get("generator") or {}
+        candidates = options.candidates or generator.get("evidence_candidates", DEFAULT_CANDIDATES)
         runner = Runner(
             channel,
             stages,
             k=options.k,
+            candidates=candidates,
+            parts=options.graph or generator.get("answer_parts", True),
             threshold=options.threshold,
             answers=options.answers,
             mode=options.mode,
@@ -145,6 +152,7 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
         mode=options.mode,
         graph="on (the server's default)" if options.graph else "off (--no-graph)",
         k=options.k,
+        candidates=candidates,
         models=dict(stats.models),
         index={
             "documents": stats.documents,

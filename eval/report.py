@@ -127,10 +127,13 @@ def summary_table(report: dict[str, Any]) -> str:
         f"- Retrieve p50/p95/p99 (uncached): {_lat(lat['retrieve'])}; cache hit: "
         f"{_lat(lat['retrieve_cache_hit'])}; Answer: {_lat(lat['answer'])}; time to first "
         f"token (questions that reached the model): {_lat(lat.get('first_token'))}",
-        f"- Evidence filter at {_fmt(cred.get('threshold'))}: precision "
+        f"- Evidence filter at {_fmt(cred.get('threshold'))} (Retrieve's top "
+        f"{(report.get('config') or {}).get('candidates', '?')}, scored as Answer scores them): "
+        f"precision "
         f"{_fmt(cred.get('precision'))}, recall {_fmt(cred.get('recall'))}, kept/query "
         f"{_fmt(cred.get('kept_per_query'))}, unanswerable reaching the generator "
-        f"{_fmt(cred.get('unanswerable_reaching_generator'))}",
+        f"{_fmt(cred.get('unanswerable_reaching_generator'))}, answerable keeping a gold passage "
+        f"{_fmt(cred.get('answerable_keeping_gold'))}",
         f"- Strict retrieval (gold page and gold answer in the chunk): R@10 "
         f"{_fmt(((report['retrieval'] or {}).get('strict') or {}).get('recall@10'))}",
         f"- Graph path: {_graph_line(report.get('graph') or {})}",

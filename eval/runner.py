@@ -10,19 +10,32 @@ import grpc
 from tqdm import tqdm
 
 from eval.questions import Question, answer_matches, contains_answer
+from generator.parts import bounded_asks
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+
+DEFAULT_CANDIDATES = 8
+"""Passages scored per question when the server's own count is unknown (a ``--target``): the
+default of ``RAGLINE_GENERATOR_EVIDENCE_CANDIDATES``."""
 
 
 class Runner:
-    """Asks each question: Retrieve (uncached, then cached), Score, Answer."""
+    """Asks each question: Retrieve (uncached, then cached), Score, Answer.
+
+    The evidence filter is measured on the passages ``Answer`` scores: Retrieve's first
+    ``candidates`` (the server's evidence-candidate count), each scored for the whole
+    question and, with ``parts``, for each part a multi-part question asks, its score the
+    best of those — as the gateway scores them. (``Answer`` also appends the graph's
+    passages for a multi-part question; they are not in this measurement.)
+    """
 
     def __init__(
         self,
         channel: grpc.aio.Channel,
         stages: grpc.aio.Channel | None = None,
         k: int = 100,
-        candidates: int = 4,
+        candidates: int = DEFAULT_CANDIDATES,
         threshold: float = 0.0,
+        parts: bool = True,
         answers: bool = True,
         timeout_s: float = 300.0,
         mode: str = "",
@@ -34,6 +47,7 @@ class Runner:
         self.k = k
         self.candidates = candidates
         self.threshold = threshold
+        self.parts = parts
         self.answers = answers
         self.timeout_s = timeout_s
         modes = {
@@ -55,6 +69,21 @@ class Runner:
             except grpc.aio.AioRpcError as exc:
                 rows.append(_base_row(question) | {"error": f"{exc.code().name}: {exc.details()}"})
         return rows
+
+    async def _score(self, query: str, hits: list[Any]) -> tuple[list[float], float]:
+        """Each hit's filter score, the best over the whole question and its asking parts,
+        and the threshold the server applied."""
+        best: list[float] = []
+        threshold = 0.0
+        for text in [query, *(bounded_asks(query) if self.parts else [])]:
+            scored = await self.credibility.Score(
+                stages_pb2.ScoreRequest(query=text, hits=hits, threshold=self.threshold),
+                timeout=self.timeout_s,
+            )
+            threshold = float(scored.threshold)
+            scores = [float(x) for x in scored.scores]
+            best = [max(a, b) for a, b in zip(best, scores, strict=True)] if best else scores
+        return best, threshold
 
     async def ask(self, question: Question) -> dict[str, Any]:
         row = _base_row(question)
@@ -82,23 +111,16 @@ class Runner:
 
         top = list(miss.hits[: self.candidates])
         if top:
-            scored = await self.credibility.Score(
-                stages_pb2.ScoreRequest(
-                    query=question.question, hits=top, threshold=self.threshold
-                ),
-                timeout=self.timeout_s,
-            )
-            row["threshold"] = float(scored.threshold)
+            scores, threshold = await self._score(question.question, top)
+            row["threshold"] = threshold
             row["candidates"] = [
                 {
                     "chunk_id": h.chunk.chunk_id,
-                    "score": float(s),
-                    "kept": bool(kept),
+                    "score": s,
+                    "kept": s >= threshold,
                     "gold": bool(r["strict"]),
                 }
-                for h, s, kept, r in zip(
-                    top, scored.scores, scored.kept, row["retrieved"], strict=False
-                )
+                for h, s, r in zip(top, scores, row["retrieved"], strict=False)
             ]
         else:
             row["candidates"] = []

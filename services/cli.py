@@ -313,6 +313,22 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in ``[low, high]`` (a clear usage error otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            bound = f"in [{low}, {high}]" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"{value} must be {bound}")
+        return value
+
+    return parse
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -329,6 +345,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         limit=args.limit,
         answers=args.answers,
         k=args.k,
+        candidates=args.candidates,
         progress=not args.quiet,
     )
     if args.corpus_dir:
@@ -649,14 +666,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threshold", type=float, default=0.0, help="evidence-filter threshold (0 = the server's)"
     )
-    p.add_argument("--limit", type=int, default=0, help="only the first N questions")
+    p.add_argument("--limit", type=_count(0), default=0, help="only the first N questions")
     p.add_argument(
         "--answers",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also ask Answer (--no-answers: retrieval only)",
     )
-    p.add_argument("-k", type=int, default=100, help="passages retrieved per question")
+    p.add_argument("-k", type=_count(1), default=100, help="passages retrieved per question")
+    p.add_argument(
+        "--candidates",
+        type=_count(0, 50),
+        default=0,
+        help="retrieved passages the evidence filter is measured on, as Answer scores them "
+        "(0 = the embedded server's RAGLINE_GENERATOR_EVIDENCE_CANDIDATES; 8 with --target)",
+    )
     p.add_argument("--corpus-dir", help="where corpus PDFs are fetched to")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)

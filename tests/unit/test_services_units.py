@@ -104,6 +104,29 @@ def test_credibility_questions_refuses_bad_settings_before_loading_anything(
         main(["credibility", "questions"])
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--candidates", "-1", "must be in [0, 50]"),
+        ("--candidates", "51", "must be in [0, 50]"),
+        ("-k", "0", "must be at least 1"),
+        ("--limit", "-3", "must be at least 0"),
+        ("-k", "ten", "'ten' is not a whole number"),
+    ],
+)
+def test_eval_refuses_bad_counts_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
+) -> None:
+    from services.cli import main
+
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit) as exited:
+        main(["eval", "--questions", str(tmp_path / "q.jsonl"), "--out", str(out), flag, value])
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_time_left_is_the_current_rpcs_deadline_capped_by_the_clients_own() -> None:
     import time
 
