@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -53,18 +54,22 @@ def write_questions(path: Path) -> Path:
     return path
 
 
+def against(server: RunningServer, questions: Path, out: Path, **more: Any) -> EvalOptions:
+    """Options for a run against the session's server (public and internal ports)."""
+    return EvalOptions(
+        questions=questions,
+        out=out,
+        target=f"127.0.0.1:{server.port}",
+        stages_target=f"127.0.0.1:{server.internal_port}",
+        progress=False,
+        **more,
+    )
+
+
 async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Path) -> None:
     questions = write_questions(tmp_path / "q.jsonl")
     out = tmp_path / "out"
-    report = await run_eval(
-        EvalOptions(
-            questions=questions,
-            out=out,
-            target=f"127.0.0.1:{server.port}",
-            stages_target=f"127.0.0.1:{server.internal_port}",
-            progress=False,
-        )
-    )
+    report = await run_eval(against(server, questions, out))
     assert report["counts"] == {"questions": 3, "answerable": 2, "unanswerable": 1, "errors": 1}
     assert "q.jsonl:4" in report["errors"][0]
     retrieval = report["retrieval"]
@@ -89,6 +94,7 @@ async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Pa
     assert report["cache_hit_ratio"] == pytest.approx(1.0)
     assert set(report["by_type"]) == {"factoid", "numeric", "unanswerable"}
     assert report["config"]["models"]["splade"] == "packaged:splade-tiny"
+    assert report["config"]["candidates"] == 8  # a --target's count unknown: the default
     for name in (
         "report.json",
         "summary.md",
@@ -104,14 +110,7 @@ async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Pa
 
 async def test_retrieval_only_run_skips_answers(server: RunningServer, tmp_path: Path) -> None:
     report = await run_eval(
-        EvalOptions(
-            questions=write_questions(tmp_path / "q.jsonl"),
-            out=tmp_path / "o",
-            target=f"127.0.0.1:{server.port}",
-            stages_target=f"127.0.0.1:{server.internal_port}",
-            answers=False,
-            progress=False,
-        )
+        against(server, write_questions(tmp_path / "q.jsonl"), tmp_path / "o", answers=False)
     )
     assert report["answers"] is None and report["latency_ms"]["answer"] is None
     assert report["retrieval"]["mrr@10"] > 0
@@ -123,16 +122,9 @@ async def test_the_filter_is_measured_on_the_passages_answer_scores(
     """Retrieve's first ``candidates`` (8 against a ``--target``, as many as asked otherwise),
     each scored as the gateway scores Answer's evidence: the best of its score for the whole
     question and for each part a two-part question asks."""
+    questions = write_questions(tmp_path / "q.jsonl")
     report = await run_eval(
-        EvalOptions(
-            questions=write_questions(tmp_path / "q.jsonl"),
-            out=tmp_path / "two",
-            target=f"127.0.0.1:{server.port}",
-            stages_target=f"127.0.0.1:{server.internal_port}",
-            answers=False,
-            candidates=2,
-            progress=False,
-        )
+        against(server, questions, tmp_path / "two", answers=False, candidates=2)
     )
     assert report["config"]["candidates"] == 2
     rows = [json.loads(line) for line in (tmp_path / "two" / "rows.jsonl").read_text().splitlines()]
