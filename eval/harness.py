@@ -17,7 +17,7 @@ import pymupdf
 from eval.corpus import corpus_manifest_for, ensure_corpus
 from eval.questions import LoadResult, load_beir, load_questions, load_squad2
 from eval.report import build_report, summary_table, write_outputs
-from eval.runner import DEFAULT_CANDIDATES, Runner
+from eval.runner import DEFAULT_BATCH, DEFAULT_CANDIDATES, Runner
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,14 +131,14 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
         stats = await ragline_pb2_grpc.RaglineStub(channel).GetStats(
             ragline_pb2.GetStatsRequest(), timeout=30
         )
-        generator = (config.get("settings") or {}).get("generator") or {}
-        candidates = options.candidates or generator.get("evidence_candidates", DEFAULT_CANDIDATES)
+        candidates, parts, batch = _scoring(options, config.get("settings") or {})
         runner = Runner(
             channel,
             stages,
             k=options.k,
             candidates=candidates,
-            parts=options.graph or generator.get("answer_parts", True),
+            parts=parts,
+            batch=batch,
             threshold=options.threshold,
             answers=options.answers,
             mode=options.mode,
@@ -164,6 +164,27 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
     report = build_report(rows, threshold, config, loaded.errors)
     write_outputs(options.out, report, rows)
     return report
+
+
+def _scoring(options: EvalOptions, settings: dict[str, Any]) -> tuple[int, bool, int]:
+    """How Answer scores evidence, so the filter is measured on the same: (passages scored,
+    whether each part of a multi-part question is scored too, hits per Score request). From
+    the embedded server's settings; against a ``--target``, its defaults' (8, yes, 20).
+    Never more passages than ``-k`` retrieves.
+
+    Raises:
+        ValueError: a negative candidate count.
+    """
+    if options.candidates < 0:
+        raise ValueError(f"candidates must be 0 or more, not {options.candidates}")
+    generator = settings.get("generator") or {}
+    graph_on = options.graph and (settings.get("graph") or {}).get("enabled", True)
+    parts = bool(generator.get("answer_parts", True) or graph_on)
+    server = max(
+        generator.get("evidence_k", 0), generator.get("evidence_candidates", DEFAULT_CANDIDATES)
+    )
+    candidates = min(options.candidates or server, options.k)
+    return candidates, parts, generator.get("max_evidence", DEFAULT_BATCH)
 
 
 def _applied_threshold(rows: list[dict], config: dict) -> float:

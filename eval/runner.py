@@ -17,6 +17,10 @@ DEFAULT_CANDIDATES = 8
 """Passages scored per question when the server's own count is unknown (a ``--target``): the
 default of ``RAGLINE_GENERATOR_EVIDENCE_CANDIDATES``."""
 
+DEFAULT_BATCH = 20
+"""Hits a Score request carries when the server's ``RAGLINE_GENERATOR_MAX_EVIDENCE`` is
+unknown: that setting's default."""
+
 
 class Runner:
     """Asks each question: Retrieve (uncached, then cached), Score, Answer.
@@ -25,7 +29,8 @@ class Runner:
     ``candidates`` (the server's evidence-candidate count), each scored for the whole
     question and, with ``parts``, for each part a multi-part question asks, its score the
     best of those — as the gateway scores them. (``Answer`` also appends the graph's
-    passages for a multi-part question; they are not in this measurement.)
+    passages for a multi-part question, and keeps a table whose cell the question names
+    whatever its score; neither is in this measurement.)
     """
 
     def __init__(
@@ -36,6 +41,7 @@ class Runner:
         candidates: int = DEFAULT_CANDIDATES,
         threshold: float = 0.0,
         parts: bool = True,
+        batch: int = DEFAULT_BATCH,
         answers: bool = True,
         timeout_s: float = 300.0,
         mode: str = "",
@@ -48,6 +54,7 @@ class Runner:
         self.candidates = candidates
         self.threshold = threshold
         self.parts = parts
+        self.batch = max(1, batch)
         self.answers = answers
         self.timeout_s = timeout_s
         modes = {
@@ -72,18 +79,24 @@ class Runner:
 
     async def _score(self, query: str, hits: list[Any]) -> tuple[list[float], float]:
         """Each hit's filter score, the best over the whole question and its asking parts,
-        and the threshold the server applied."""
+        and the threshold the server applied to the whole question (as the gateway takes
+        it). Sent ``batch`` hits a call: a Score request carries at most the server's
+        ``max_evidence``."""
         best: list[float] = []
-        threshold = 0.0
+        threshold: float | None = None
         for text in [query, *(bounded_asks(query) if self.parts else [])]:
-            scored = await self.credibility.Score(
-                stages_pb2.ScoreRequest(query=text, hits=hits, threshold=self.threshold),
-                timeout=self.timeout_s,
-            )
-            threshold = float(scored.threshold)
-            scores = [float(x) for x in scored.scores]
+            scores: list[float] = []
+            for start in range(0, len(hits), self.batch):
+                scored = await self.credibility.Score(
+                    stages_pb2.ScoreRequest(
+                        query=text, hits=hits[start : start + self.batch], threshold=self.threshold
+                    ),
+                    timeout=self.timeout_s,
+                )
+                threshold = float(scored.threshold) if threshold is None else threshold
+                scores += [float(x) for x in scored.scores]
             best = [max(a, b) for a, b in zip(best, scores, strict=True)] if best else scores
-        return best, threshold
+        return best, threshold or 0.0
 
     async def ask(self, question: Question) -> dict[str, Any]:
         row = _base_row(question)

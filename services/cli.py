@@ -666,7 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threshold", type=float, default=0.0, help="evidence-filter threshold (0 = the server's)"
     )
-    p.add_argument("--limit", type=_count(0), default=0, help="only the first N questions")
+    p.add_argument(
+        "--limit", type=_count(0), default=0, help="only the first N questions (0 = all)"
+    )
     p.add_argument(
         "--answers",
         action=argparse.BooleanOptionalAction,

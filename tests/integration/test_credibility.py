@@ -17,11 +17,14 @@ from credibility.distant import DistantConfig, pairs_from_index
 from credibility.lexical import context_of
 from credibility.model import PairClassifier, encode_pairs, is_checkpoint
 from credibility.train import TrainConfig, train
+from eval.runner import Runner
+from generator.parts import bounded_asks
 from ingest.batch import run_batch
 from ingest.chunker import ChunkerConfig
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import SpladeEncoder
 from retriever.indexer import Indexer
+from services.convert import hits_from_pb
 from services.server import RunningServer
 from tests.conftest import make_indexer, make_settings, serve_beside, stop_beside
 
@@ -197,6 +200,44 @@ async def test_the_filter_reads_each_passage_context(
     with_context = clf.features([query] * len(texts), texts, contexts)
     assert (with_context[:, 5] >= without[:, 5]).all()
     assert (with_context[:, 5] > without[:, 5]).any()  # "manual" now counts as covered
+
+
+async def test_the_eval_scores_candidates_as_answer_does(
+    classifier_server: RunningServer,
+) -> None:
+    """``ragline eval`` measures the filter on what Answer scores: each passage's best score
+    for the whole question and for each part it asks (the gateway's ``_select_evidence``),
+    with a classifier whose scores depend on the question."""
+    question = (
+        "Where does FROB_HOME point the frobnicator when it starts, and how many concurrent "
+        "connections does the frobnicator accept?"
+    )
+    asked = bounded_asks(question)
+    assert len(asked) == 2
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{classifier_server.port}") as public,
+        grpc.aio.insecure_channel(f"127.0.0.1:{classifier_server.internal_port}") as stages,
+    ):
+        found = await ragline_pb2_grpc.RaglineStub(public).Retrieve(
+            ragline_pb2.RetrieveRequest(query=question, k=8), timeout=60
+        )
+        hits = list(found.hits)
+        assert len(hits) >= 2
+        score = stages_pb2_grpc.CredibilityServiceStub(stages).Score
+        each = [
+            list((await score(stages_pb2.ScoreRequest(query=text, hits=hits))).scores)
+            for text in [question, *asked]
+        ]
+        whole, _ = await Runner(public, stages, parts=False)._score(question, hits)
+        best, threshold = await Runner(public, stages, parts=True)._score(question, hits)
+    assert whole == pytest.approx(each[0])
+    assert best == pytest.approx([max(column) for column in zip(*each, strict=True)])
+    assert best != pytest.approx(whole)  # a part scores some passage higher than the whole
+    assert threshold == pytest.approx(0.85)
+    kept = await classifier_server.gateway.select_evidence(question, hits_from_pb(hits), 0.0, asked)
+    assert {h.chunk.chunk_id for h in kept} == {
+        h.chunk.chunk_id for h, s in zip(hits, best, strict=True) if s >= threshold
+    }
 
 
 async def test_answer_with_the_classifier_keeps_only_passages_above_threshold(

@@ -8,13 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from eval.harness import EvalOptions, run_eval
-from eval.runner import Runner
-from generator.parts import bounded_asks
-from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from services.server import RunningServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -119,9 +115,8 @@ async def test_retrieval_only_run_skips_answers(server: RunningServer, tmp_path:
 async def test_the_filter_is_measured_on_the_passages_answer_scores(
     server: RunningServer, tmp_path: Path
 ) -> None:
-    """Retrieve's first ``candidates`` (8 against a ``--target``, as many as asked otherwise),
-    each scored as the gateway scores Answer's evidence: the best of its score for the whole
-    question and for each part a two-part question asks."""
+    """Retrieve's first ``candidates`` (8 against a ``--target``, as many as asked otherwise);
+    how each is scored: test_credibility's ``test_the_eval_scores_candidates_as_answer_does``."""
     questions = write_questions(tmp_path / "q.jsonl")
     report = await run_eval(
         against(server, questions, tmp_path / "two", answers=False, candidates=2)
@@ -133,43 +128,6 @@ async def test_the_filter_is_measured_on_the_passages_answer_scores(
         "(Retrieve's top 2, scored as Answer scores them)"
         in (tmp_path / "two" / "summary.md").read_text()
     )
-
-    question = (
-        "Where does FROB_HOME point the frobnicator at startup, and how many concurrent "
-        "connections does the frobnicator accept?"
-    )
-    asked = bounded_asks(question)
-    assert len(asked) == 2
-    async with (
-        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as public,
-        grpc.aio.insecure_channel(f"127.0.0.1:{server.internal_port}") as stages,
-    ):
-        hits = list(
-            (
-                await ragline_pb2_grpc.RaglineStub(public).Retrieve(
-                    ragline_pb2.RetrieveRequest(query=question, k=8)
-                )
-            ).hits
-        )
-        score = stages_pb2_grpc.CredibilityServiceStub(stages).Score
-        each = [
-            list((await score(stages_pb2.ScoreRequest(query=text, hits=hits))).scores)
-            for text in [question, *asked]
-        ]
-        registry = server.gateway.metrics.registry
-        labels = {
-            "grpc_service": "ragline.v1.CredibilityService",
-            "grpc_method": "Score",
-            "grpc_type": "unary",
-        }
-        calls = [registry.get_sample_value("grpc_server_started_total", labels) or 0.0]
-        whole = await Runner(public, stages, parts=False)._score(question, hits)
-        calls.append(registry.get_sample_value("grpc_server_started_total", labels) or 0.0)
-        with_parts = await Runner(public, stages, parts=True)._score(question, hits)
-        calls.append(registry.get_sample_value("grpc_server_started_total", labels) or 0.0)
-    assert [b - a for a, b in zip(calls, calls[1:], strict=False)] == [1, 3]  # whole; + 2 parts
-    assert whole[0] == pytest.approx(each[0])
-    assert with_parts[0] == pytest.approx([max(column) for column in zip(*each, strict=True)])
 
 
 async def test_notebook_runs_end_to_end(server: RunningServer, tmp_path: Path) -> None:

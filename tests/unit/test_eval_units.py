@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -222,3 +223,30 @@ def test_beir_squad_and_trec_formats(tmp_path: Path) -> None:
     qrels = tmp_path / "qrels.txt"
     qrels.write_text("q1 0 d1 1\nq1 0 d3 0\n")
     assert read_trec_qrels(qrels) == {"q1": {"d1": 1, "d3": 0}}
+
+
+def test_the_filter_is_measured_on_what_the_servers_answer_scores() -> None:
+    from eval.harness import EvalOptions, _scoring
+
+    def options(**more: Any) -> EvalOptions:
+        return EvalOptions(questions=Path("q.jsonl"), out=Path("out"), **more)
+
+    served = {
+        "generator": {
+            "evidence_k": 12,
+            "evidence_candidates": 6,
+            "answer_parts": False,
+            "max_evidence": 5,
+        },
+        "graph": {"enabled": True},
+    }
+    # Answer scores max(evidence_k, evidence_candidates) passages, parts when the graph runs
+    assert _scoring(options(), served) == (12, True, 5)
+    assert _scoring(options(graph=False), served) == (12, False, 5)
+    off = {**served, "graph": {"enabled": False}}
+    assert _scoring(options(), off) == (12, False, 5)
+    assert _scoring(options(candidates=3), served) == (3, True, 5)
+    assert _scoring(options(k=4), served) == (4, True, 5)  # never more than Retrieve returns
+    assert _scoring(options(), {}) == (8, True, 20)  # a --target: its defaults
+    with pytest.raises(ValueError, match="candidates"):
+        _scoring(options(candidates=-1), served)
