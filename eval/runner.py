@@ -11,11 +11,17 @@ from tqdm import tqdm
 
 from eval.questions import Question, answer_matches, contains_answer
 from generator.parts import bounded_asks
+from ragline import errors
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
+from services.remote import error_from_rpc
 
 DEFAULT_CANDIDATES = 8
 """Passages scored per question when the server's own count is unknown (a ``--target``): the
 default of ``RAGLINE_GENERATOR_EVIDENCE_CANDIDATES``."""
+
+RUN_FIELDS = frozenset({"k", "threshold"})
+"""Request fields the run sets for every question: a server refusing one refuses them all,
+so the run stops instead of recording the same error for each question."""
 
 DEFAULT_BATCH = 20
 """Hits a Score request carries when the server's ``RAGLINE_GENERATOR_MAX_EVIDENCE`` is
@@ -74,6 +80,11 @@ class Runner:
             try:
                 rows.append(await self.ask(question))
             except grpc.aio.AioRpcError as exc:
+                error = error_from_rpc(exc, "eval")
+                if isinstance(error, errors.InvalidArgument) and any(
+                    v.field in RUN_FIELDS for v in error.violations
+                ):
+                    raise error from None
                 rows.append(_base_row(question) | {"error": f"{exc.code().name}: {exc.details()}"})
         return rows
 

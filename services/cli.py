@@ -318,6 +318,8 @@ def _count(low: int, high: int | None = None) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
+            if not text.isascii():  # int() also reads other scripts' digits
+                raise ValueError(text)
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
@@ -327,6 +329,19 @@ def _count(low: int, high: int | None = None) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _threshold(text: str) -> float:
+    """An argparse type: 0 (the server's threshold) or a probability below 1."""
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value == 0 or 0 < value < 1):  # NaN fails both
+        raise argparse.ArgumentTypeError(f"{text} must be 0 (the server's) or in (0, 1)")
+    return value
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -609,7 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("query", help="the question")
-        p.add_argument("-k", type=int, default=0, help="passages to consider (0 = server default)")
+        p.add_argument(
+            "-k", type=_count(0), default=0, help="passages to consider (0 = server default)"
+        )
         _client_args(p)
         p.add_argument(
             "--mode",
@@ -664,7 +681,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-graph", action="store_true", help="skip the graph path")
     p.add_argument(
-        "--threshold", type=float, default=0.0, help="evidence-filter threshold (0 = the server's)"
+        "--threshold",
+        type=_threshold,
+        default=0.0,
+        help="evidence-filter threshold, a probability (0 = the server's; the server accepts "
+        "RAGLINE_CREDIBILITY_MIN_THRESHOLD to _MAX_THRESHOLD, 0.5-0.99 by default)",
     )
     p.add_argument(
         "--limit", type=_count(0), default=0, help="only the first N questions (0 = all)"

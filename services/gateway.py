@@ -348,9 +348,15 @@ class Gateway:
         return (await self._select_evidence(query, hits, threshold, asks))[0]
 
     async def _select_evidence(
-        self, query: str, hits: Sequence[Hit], threshold: float, asks: Sequence[str]
+        self,
+        query: str,
+        hits: Sequence[Hit],
+        threshold: float,
+        asks: Sequence[str],
+        limit: int = 0,
     ) -> tuple[list[Hit], list[list[float]]]:
-        """:meth:`select_evidence`, and each part's scores for the hits kept."""
+        """:meth:`select_evidence`, and each part's scores for the hits kept; ``limit`` > 0
+        keeps only the first ``limit`` of them (the rest are counted as ``cut``)."""
         if not hits:
             return [], [[] for _ in asks]
         requested = threshold
@@ -375,8 +381,12 @@ class Gateway:
                 kept_at.append(i)
         order = sorted(range(len(kept)), key=lambda n: not any(cells[kept_at[n]]))
         kept, kept_at = [kept[n] for n in order], [kept_at[n] for n in order]
+        passed = len(kept)
+        if limit:
+            kept, kept_at = kept[:limit], kept_at[:limit]
         self.metrics.evidence.labels("kept").inc(len(kept))
-        self.metrics.evidence.labels("dropped").inc(len(hits) - len(kept))
+        self.metrics.evidence.labels("cut").inc(passed - len(kept))
+        self.metrics.evidence.labels("dropped").inc(len(hits) - passed)
         return kept, [
             [1.0 if cells[i][1 + j] else part[i] for i in kept_at] for j, part in enumerate(by_part)
         ]
@@ -408,9 +418,8 @@ class Gateway:
         multi = bounded_asks(text) if graph or self.answer_parts else []
         with tracer.start_as_current_span("ragline.credibility"):
             evidence, part_scores = await self._select_evidence(
-                text, retrieved.hits, threshold, multi
+                text, retrieved.hits, threshold, multi, limit=k
             )
-        evidence, part_scores = evidence[:k], [scores[:k] for scores in part_scores]
         timings["credibility_ms"] = (time.perf_counter() - started) * 1000
         if self.answer_parts and len(multi) > 1:
             generation = self._answer_parts(multi, evidence, part_scores, max_new_tokens)

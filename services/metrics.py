@@ -144,7 +144,8 @@ class Metrics:
         )
         self.evidence = Counter(
             "ragline_evidence_passages_total",
-            "Passages the evidence filter judged for Answer, by outcome (kept, dropped).",
+            "Passages the evidence filter judged for Answer, by outcome (kept: given to the "
+            "generator; cut: passed, beyond the request's k; dropped: under the threshold).",
             ["outcome"],
             registry=r,
         )

@@ -130,6 +130,23 @@ async def test_the_filter_is_measured_on_the_passages_answer_scores(
     )
 
 
+@pytest.mark.parametrize(("field", "value"), [("k", 101), ("threshold", 0.3)])
+async def test_a_setting_the_server_refuses_stops_the_run(
+    server: RunningServer, tmp_path: Path, field: str, value: float
+) -> None:
+    """Every question would be refused the same way: the run stops at the first, with the
+    server's reason, and writes no report of errors."""
+    from ragline.errors import InvalidArgument
+
+    assert server.gateway.limits.max_k == 100 and server.gateway.limits.threshold_bounds[0] > 0.3
+    out = tmp_path / "refused"
+    questions = write_questions(tmp_path / "q.jsonl")
+    with pytest.raises(InvalidArgument) as refused:
+        await run_eval(against(server, questions, out, **{field: value}))
+    assert field in {v.field for v in refused.value.violations}
+    assert not (out / "report.json").exists()
+
+
 async def test_notebook_runs_end_to_end(server: RunningServer, tmp_path: Path) -> None:
     import nbformat
     from nbclient import NotebookClient

@@ -374,6 +374,19 @@ async def test_the_filter_reads_passages_ranked_below_the_top_k(
     gateway.evidence_candidates = 4
     result = await gateway.answer(question, max_new_tokens=8)
     assert result.evidence == [] and result.answer.reason == "no_evidence"
+    # Passages that pass beyond the request's k are counted apart from those the model reads.
+    gateway.evidence_candidates = 8
+    gateway._filter = KeepsNaming("shed")
+    before = gateway.metrics.snapshot()
+    result = await gateway.answer(question, k=2, max_new_tokens=8)
+    after = gateway.metrics.snapshot()
+
+    def counted(outcome: str) -> float:
+        key = f'ragline_evidence_passages_total{{outcome="{outcome}"}}'
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert len(result.evidence) == 2
+    assert (counted("kept"), counted("cut"), counted("dropped")) == (2, 5, 1)
     await gateway.close()
 
 

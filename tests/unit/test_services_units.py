@@ -112,9 +112,14 @@ def test_credibility_questions_refuses_bad_settings_before_loading_anything(
         ("-k", "0", "must be at least 1"),
         ("--limit", "-3", "must be at least 0"),
         ("-k", "ten", "'ten' is not a whole number"),
+        ("-k", "\u0663", "is not a whole number"),  # an Arabic-Indic 3: int() would take it
+        ("--threshold", "1.5", "must be 0 (the server's) or in (0, 1)"),
+        ("--threshold", "nan", "must be 0 (the server's) or in (0, 1)"),
+        ("--threshold", "-0.2", "must be 0 (the server's) or in (0, 1)"),
+        ("--threshold", "high", "'high' is not a number"),
     ],
 )
-def test_eval_refuses_bad_counts_before_starting_anything(
+def test_eval_refuses_bad_counts_and_thresholds_before_starting_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
 ) -> None:
     from services.cli import main
