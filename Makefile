@@ -34,7 +34,8 @@ ingest:
 
 ## credibility: train + calibrate the credibility classifier from the ingested index and the
 ##      committed LLM-written questions ($(QUESTIONS), made by `ragline credibility
-##      questions`; they are also the held-out calibration set), unless var/models/credibility
+##      questions`: training pairs, as the 90 committed are; from 200 on they become the
+##      held-out calibration set instead), unless var/models/credibility
 ##      already holds one calibrated on this code's features (retrain: ragline credibility train)
 credibility:
 	@$(BIN)/ragline credibility train --if-missing \

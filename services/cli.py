@@ -810,8 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the span is in the passage, ragline's retrieval ranks the passage in its top 10, and "
         "the LLM, rereading only that passage, answers with the span. Hard negatives from "
         "ragline's retrieval are labelled by the LLM reading each of them. Deterministic for a "
-        "seed; resumable (rerun with the same --out to continue). Slow on a CPU (~20 s per "
-        "attempt with the 1.5B model on 2 cores); the output is training data for "
+        "seed; resumable (rerun with the same --out to continue). Slow on a CPU (~34 s per "
+        "attempt on average, median ~23 s, with the 1.5B model on 2 cores; about one attempt "
+        "in five kept); the output is training data for "
         "`ragline credibility train --pairs FILE`.",
     )
     p.add_argument("--index-dir", help="ingested index (default: RAGLINE_RETRIEVER_INDEX_DIR)")

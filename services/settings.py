@@ -264,7 +264,7 @@ class RetrieverSettings(BaseSettings):
     query_encoder: Literal["model", "idf"] = Field(
         "model",
         description="SPLADE query side: the model, or inference-free (the query's word pieces "
-        "weighted by IDF; no forward pass, ~0.1 ms instead of ~5 ms).",
+        "weighted by IDF; no forward pass, 0.13 ms instead of 9.6 ms in README 'Benchmarks').",
     )
     doc_top_terms: int = Field(
         0,
@@ -291,7 +291,7 @@ class RetrieverSettings(BaseSettings):
     sparse_backend: Literal["exact", "seismic"] = Field(
         "exact",
         description="Sparse index: exact CSC scoring, or Seismic (approximate; pays off past "
-        "~50k chunks: 0.45 ms vs 2.1 ms exact at recall@10 0.99 on 100k synthetic chunks). "
+        "~50k chunks: 0.52 ms vs 1.92 ms exact at recall@10 0.9865 on 100k synthetic chunks). "
         "Filtered searches are exact either way.",
     )
     dense_model: str = Field(
@@ -322,16 +322,18 @@ class RetrieverSettings(BaseSettings):
         "auto",
         description="What passages are encoded in (SPLADE and dense): auto = bfloat16 where "
         "the CPU computes it natively (AVX-512 BF16 or AMX), else float32 (on a GPU too). "
-        "bfloat16 is ~2x faster there and moves SPLADE weights by at most ~0.06 "
-        "(bench/encode.py measures speed and recall); queries always run in float32.",
+        "bfloat16 is ~2x faster there and moves SPLADE weights by at most ~0.08 "
+        "(bench/encode.py measures speed and recall); queries never run in bfloat16 "
+        "(float32, or int8 with int8_queries).",
     )
     query_runtime: Literal["auto", "onnx", "torch"] = Field(
         "auto",
         description="What encodes queries: onnx = the models' query paths exported once to "
-        "ONNX Runtime (~3x faster on 2 cores; used only when they reproduce the PyTorch "
-        "model on probe queries), torch = PyTorch; auto = onnx where onnxruntime and the "
-        "exporter are installed and the check passes, else torch (logged). With onnx, "
-        "SPLADE's float32 passages go through its graph too (~1.8x on 2 AVX2 cores, the same "
+        "ONNX Runtime (2-4x faster on 2 cores, README 'Benchmarks'; used only when they "
+        "reproduce the PyTorch model on probe queries), torch = PyTorch; auto = onnx where "
+        "onnxruntime and the exporter are installed and the check passes, else torch "
+        "(logged). With onnx, "
+        "SPLADE's float32 passages go through its graph too (~2.1x on 2 AVX2 cores, the same "
         "weights); MiniLM's and bfloat16 passages are encoded by PyTorch.",
     )
     int8_queries: bool = Field(
@@ -363,15 +365,15 @@ class RetrieverSettings(BaseSettings):
     fusion: Literal["rrf", "weighted"] = Field(
         "weighted",
         description="Default fusion of hybrid results: weighted (min-max normalised scores) or "
-        "rrf (reciprocal rank). Dev set: weighted 1/0.2 MRR@10 0.787 vs sparse 0.768, rrf 1/1 "
-        "0.728.",
+        "rrf (reciprocal rank). Dev set: weighted 1/0.2 MRR@10 0.884 vs sparse alone 0.843; "
+        "rrf 1/1 ranked lower on an earlier index (README 'Evaluation').",
     )
     sparse_weight: float = Field(1.0, ge=0, description="Default hybrid weight of SPLADE.")
     dense_weight: float = Field(
         0.2,
         ge=0,
         description="Default hybrid weight of dense. The packaged MiniLM is far weaker than "
-        "SPLADE on technical manuals (dev R@10 0.797 vs 0.949): it breaks ties, not rankings.",
+        "SPLADE on technical manuals (dev R@10 0.845 vs 0.966): it breaks ties, not rankings.",
     )
     default_k: int = Field(10, ge=1, description="Passages returned when a request says k=0.")
     max_k: int = Field(100, ge=1, description="Largest k a request may ask for.")
