@@ -24,7 +24,7 @@ class DenseEncoder(LazyModel, QueryGraphs):
     in bfloat16 where the CPU has it natively (~2x on 2 cores, ``bench/encode.py``); queries
     run in float32, without sentence-transformers' per-call bookkeeping when the model is a
     plain transformer + mean pooling + normalisation (MiniLM), through ONNX Runtime where
-    ``query_runtime`` allows (``retriever.encoders.onnx_query``; ~3x faster on 2 cores), and
+    ``query_runtime`` allows (``retriever.encoders.onnx_query``; 2-4x faster on 2 cores), and
     through its int8 copy with ``int8_queries`` (~1.8x again). ``device="cuda"`` runs both
     on a GPU through PyTorch.
     """
