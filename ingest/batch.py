@@ -169,13 +169,15 @@ def expand_paths(
 def _expand_one(path: Path, warnings: list[str] | None) -> list[Path | FileResult]:
     try:
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.suffix.lower() == ".pdf")
+            # Regular files only: a FIFO named *.pdf would block the read forever, and a
+            # folder named *.pdf is no document.
+            found = sorted(p for p in path.rglob("*") if p.suffix.lower() == ".pdf" and p.is_file())
             if not found and warnings is not None:
                 warnings.append(f"{utf8_name(path)}: no PDF files in this folder")
             return list(found)
-        if path.exists():
+        if path.is_file():
             return [path]
-        reason = "no such file or directory"
+        reason = "not a regular file" if path.exists() else "no such file or directory"
     except OSError as exc:  # a parent folder that may not be searched, say
         reason = exc.strerror or str(exc)
     return [FileResult(utf8_name(path), "", "failed", reason=reason)]

@@ -5,6 +5,7 @@ their title path. Tables become chunks of their own."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -72,9 +73,13 @@ def token_counts(words: Sequence[str], tokenizer: str) -> list[int]:
     return [size[w] for w in words]
 
 
-def chunk_id_for(content_hash: str, ordinal: int) -> str:
-    """Stable chunk id: the document's content hash prefix and the chunk ordinal."""
-    return f"{content_hash[:16]}-{ordinal:05d}"
+def chunk_id_for(content_hash: str, ordinal: int, doc_id: str = "", collection: str = "") -> str:
+    """Stable chunk id: a digest of the document's content hash, id and collection, and the
+    chunk ordinal. The same bytes under two names (or in two collections) are two documents:
+    their chunks must not share ids, or one would stand for the other in caches, fusion and
+    deletes."""
+    digest = hashlib.sha256(f"{content_hash}\0{doc_id}\0{collection}".encode()).hexdigest()
+    return f"{digest[:16]}-{ordinal:05d}"
 
 
 OutlineEntry = tuple[int, str, int]
@@ -169,7 +174,7 @@ def chunk_pages(
         ordinal = len(chunks)
         chunks.append(
             Chunk(
-                chunk_id=chunk_id_for(content_hash, ordinal),
+                chunk_id=chunk_id_for(content_hash, ordinal, doc_id, collection),
                 doc_id=doc_id,
                 ordinal=ordinal,
                 text=text,

@@ -154,6 +154,22 @@ def doc_id_for(name: str) -> str:
     return stem
 
 
+OCR_DPI = 300
+"""Resolution a page is rendered at for OCR (Tesseract reads body text best near 300)."""
+
+OCR_MAX_PIXELS = 25_000_000
+"""Largest OCR rendering of one page: a page of any size (a PDF may declare a 200-inch one
+in a few bytes) is rendered at a lower resolution rather than into gigabytes. A4 or Letter
+at 300 dpi is ~8.7 million pixels."""
+
+
+def ocr_dpi(width_pt: float, height_pt: float) -> int:
+    """The resolution a page of this size is OCR'd at: :data:`OCR_DPI`, lowered so the
+    rendering stays within :data:`OCR_MAX_PIXELS`."""
+    square_inches = max(width_pt, 1.0) * max(height_pt, 1.0) / (72.0 * 72.0)
+    return max(1, min(OCR_DPI, int((OCR_MAX_PIXELS / square_inches) ** 0.5)))
+
+
 def read_pdf(
     data: bytes,
     name: str,
@@ -387,7 +403,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
                 textpage = page.get_textpage_ocr(
                     flags=flags,
                     language=limits.ocr_language,
-                    dpi=300,
+                    dpi=ocr_dpi(page.rect.width, page.rect.height),
                     full=True,
                     tessdata=tessdata,
                 )

@@ -247,8 +247,16 @@ class QdrantBackend:
         return self.load().generation != known
 
     def content_hash_of(self, doc_id: str) -> str | None:
-        payload = self._first_payload(doc_id)
-        return payload.get("content_hash") if payload else None
+        """The document's content hash; ``""`` (matching no file) when its points carry more
+        than one: a replacement was cut off between writing the new points and deleting the
+        old ones, and the next ingest of the file must replace it, not skip it."""
+        if not self.transport.exists():
+            return None
+        found = self.transport.scroll("doc_id", doc_id, payload=["content_hash"])
+        hashes = {str(p.get("content_hash", "")) for _, p in found}
+        if not hashes:
+            return None
+        return hashes.pop() if len(hashes) == 1 else ""
 
     def collection_of(self, doc_id: str) -> str | None:
         payload = self._first_payload(doc_id)

@@ -64,6 +64,8 @@ logger = logging.getLogger(__name__)
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 FORMAT_VERSION = 1
 KEEP_SNAPSHOTS = 2
+LOAD_ATTEMPTS = 3
+"""Reads of ``CURRENT``'s snapshot when writers prune it while it is read (see ``load``)."""
 SparseBackend = Literal["exact", "seismic"]
 
 __all__ = ["DenseConfig", "IndexSchema", "IndexStore", "IndexView", "check_encoded", "check_utf8"]
@@ -302,8 +304,19 @@ class IndexStore:
             self._publish(generation=0, snapshot_id="")
             self._stale = False
             return self.view
-        snap = self.index_dir / "snapshots" / current.read_text().strip()
-        docs, hnsw, next_slot, generation, snapshot_id = self._read_snapshot(snap)
+        for attempt in range(LOAD_ATTEMPTS):
+            name = current.read_text().strip()
+            try:
+                docs, hnsw, next_slot, generation, snapshot_id = self._read_snapshot(
+                    self.index_dir / "snapshots" / name
+                )
+                break
+            except DataLoss:
+                # Read without the writers' lock (a server starting beside `ragline ingest`):
+                # a writer may have committed twice and pruned this snapshot meanwhile. Then
+                # CURRENT names a newer one: read that. The same name: the snapshot is bad.
+                if attempt + 1 == LOAD_ATTEMPTS or current.read_text().strip() == name:
+                    raise
         # Assigned together once all is read: a snapshot that fails to load changes nothing.
         self._docs, self._hnsw, self._next_slot = docs, hnsw, next_slot
         self._publish(generation, snapshot_id)
@@ -728,9 +741,15 @@ class IndexStore:
         worst a power loss brings back the previous snapshot, itself consistent."""
         try:
             _fsync(self.index_dir)
-            kept = sorted(p for p in snapshots.iterdir() if p.name.startswith("g"))
+            # By generation, not by name: "g1000000" sorts before "g999999" as text.
+            kept = sorted(
+                (p for p in snapshots.iterdir() if p.name[:1] == "g" and p.name[1:].isdigit()),
+                key=lambda p: int(p.name[1:]),
+            )
+            live = (self.index_dir / "CURRENT").read_text().strip()
             for old in kept[:-KEEP_SNAPSHOTS]:
-                shutil.rmtree(old, ignore_errors=True)
+                if old.name != live:
+                    shutil.rmtree(old, ignore_errors=True)
         except OSError as exc:
             logger.warning(
                 "snapshot committed, but syncing or pruning %s failed: %s", snapshots, exc

@@ -114,6 +114,44 @@ async def test_a_backend_indexes_searches_filters_replaces_and_deletes(
     close(again)
 
 
+@pytest.mark.parametrize("kind", ["edge", "client"])
+async def test_a_qdrant_replacement_cut_off_before_its_deletes_is_finished_by_the_next_ingest(
+    kind: str, tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    """Qdrant writes a replacement's new points, then deletes the old ones: a crash between
+    the two leaves both. The next ingest of the file must replace it again, not call it
+    unchanged because one of its points carries the new hash."""
+    backend = open_backend(kind, tmp_path, encoder, None)
+    indexer = Indexer(backend, encoder, None)
+    indexer.load()
+    old_pages = [
+        "The old pump manual says to oil the bearing weekly.",
+        "Drain the pump housing before the first frost of the winter.",
+        "Replace the impeller when its vanes show cracks or wear.",
+    ]
+    first = run_batch([make_pdf("pump.pdf", old_pages)], indexer, progress=False)
+    assert first.results[0].status == "ingested"
+    new_pdf = make_pdf("pump.pdf", ["The new pump manual says the bearing is sealed for life."])
+    assert isinstance(backend, QdrantBackend)
+
+    def crash(ids: object) -> None:
+        raise OSError("killed between the upsert and the delete")
+
+    backend.transport.delete_ids = crash  # type: ignore[method-assign]
+    report = run_batch([new_pdf], indexer, progress=False)
+    assert report.results[0].status == "failed"
+    close(backend)
+
+    again = open_backend(kind, tmp_path, encoder, None)
+    indexer = Indexer(again, encoder, None)
+    indexer.load()
+    assert again.content_hash_of("pump") == ""  # two versions' points: never "unchanged"
+    assert run_batch([new_pdf], indexer, progress=False).results[0].status == "replaced"
+    texts = [c.text for c in again.documents()["pump"][1]]
+    assert texts and all("sealed" in t for t in texts)
+    close(again)
+
+
 @pytest.mark.parametrize("kind", BACKENDS)
 def test_a_backend_built_without_vectors_is_embedded_once(
     kind: str,

@@ -333,14 +333,20 @@ def test_cli_ingest_reports_a_missing_path_and_odd_names_and_lands_the_rest(
     empty.mkdir()
     write_pdf(docs / "a.pdf", MANUAL_PAGES[:2])
     non_utf8_pdf(docs, b"caf\xe9.pdf", MANUAL_PAGES[2:])
+    # Not documents: a FIFO would block its reader forever, a folder is no file.
+    os.mkfifo(docs / "pipe.pdf")
+    (docs / "folder.pdf").mkdir()
+    os.mkfifo(tmp_path / "named-pipe.pdf")
     last = write_pdf(tmp_path / "b.pdf", NOTES)
     index_dir, report_path = tmp_path / "index", tmp_path / "report.json"
     argv = ["ingest", str(docs), str(tmp_path / "missing.pdf"), str(empty), str(last)]
+    argv += [str(tmp_path / "named-pipe.pdf")]
     argv += ["--index-dir", str(index_dir), "--report", str(report_path), "-q"]
 
     assert cli.main(argv) == 1  # a file failed
     err = capsys.readouterr().err
     assert f"FAILED  {tmp_path / 'missing.pdf'}: no such file or directory" in err
+    assert f"FAILED  {tmp_path / 'named-pipe.pdf'}: not a regular file" in err
     assert f"warning: {empty}: no PDF files in this folder" in err
     report = json.loads(report_path.read_text(encoding="utf-8"))
     assert [(f["doc_id"], f["status"]) for f in report["files"]] == [
@@ -348,6 +354,7 @@ def test_cli_ingest_reports_a_missing_path_and_odd_names_and_lands_the_rest(
         ("caf\\xe9", "ingested"),
         ("", "failed"),
         ("b", "ingested"),
+        ("", "failed"),
     ]
     assert report["warnings"] == [f"{empty}: no PDF files in this folder"]
     index = make_indexer(index_dir, encoder)

@@ -220,6 +220,51 @@ async def test_delete_scoped_to_a_collection(secured, tokens, tmp_path) -> None:
         assert removed.chunks_removed >= 1
 
 
+async def test_the_same_bytes_in_two_collections_stay_two_documents(  # type: ignore[no-untyped-def]
+    secured, tokens, tmp_path
+) -> None:
+    """One PDF uploaded under two names into two collections: a reader of one never gets the
+    other's passage, computed or from the cache, and deleting one leaves the other whole."""
+    channel, stub = _stub(secured.port)
+    admin, reader = bearer_metadata(tokens["admin"]), bearer_metadata(tokens["reader_a"])
+    pdf = write_pdf(tmp_path / "twin.pdf", ["The orrery of the observatory turns on brass gears."])
+    query = "orrery brass gears"
+    async with channel:
+        for name, collection in (("twin-a.pdf", "team-a"), ("twin-b.pdf", "team-b")):
+            await stub.Ingest(
+                ragline_pb2.IngestRequest(
+                    documents=[ragline_pb2.Document(name=name, content=pdf.read_bytes())],
+                    collection=collection,
+                ),
+                timeout=60,
+                metadata=admin,
+            )
+        try:
+            for cached in (False, True):
+                found = await stub.Retrieve(
+                    ragline_pb2.RetrieveRequest(query=query, k=3), timeout=30, metadata=reader
+                )
+                assert found.cache_hit == cached
+                assert found.hits[0].chunk.doc_id == "twin-a"
+                assert {h.chunk.collection for h in found.hits} == {"team-a"}
+            everyone = await stub.Retrieve(
+                ragline_pb2.RetrieveRequest(query=query, k=3, bypass_cache=True),
+                timeout=30,
+                metadata=admin,
+            )
+            twins = [h.chunk for h in everyone.hits if h.chunk.doc_id.startswith("twin")]
+            assert sorted(c.doc_id for c in twins) == ["twin-a", "twin-b"]
+            assert len({c.chunk_id for c in twins}) == 2
+        finally:
+            for doc_id, collection in (("twin-b", "team-b"), ("twin-a", "team-a")):
+                removed = await stub.DeleteDocument(
+                    ragline_pb2.DeleteDocumentRequest(doc_id=doc_id, collection=collection),
+                    timeout=30,
+                    metadata=admin,
+                )
+                assert removed.chunks_removed == 1
+
+
 async def test_serving_beyond_loopback_without_tokens_is_refused(tmp_path, redis_url) -> None:  # type: ignore[no-untyped-def]
     settings = make_settings(tmp_path, redis_url)
     settings.server.host = "0.0.0.0"

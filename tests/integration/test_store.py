@@ -105,6 +105,58 @@ async def test_snapshot_reloads_and_survives_a_crashed_write(
     assert not (index_dir / "snapshots" / ".tmp-g000002-999").exists()  # the leftover went
 
 
+def test_the_millionth_write_keeps_its_snapshot(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    """Snapshots are pruned by generation: g1000000 sorts before g999999 as text, and must
+    not be taken for the oldest the moment it goes live."""
+    import json
+
+    index_dir = tmp_path / "index"
+    indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))
+    snapshots = index_dir / "snapshots"
+    live = snapshots / (index_dir / "CURRENT").read_text().strip()
+    manifest = json.loads((live / "manifest.json").read_text())
+    manifest["generation"] = 999_999
+    (live / "manifest.json").write_text(json.dumps(manifest))
+    live.rename(snapshots / "g999999")
+    shutil.copytree(snapshots / "g999999", snapshots / "g999998")  # the one before it
+    (index_dir / "CURRENT").write_text("g999999")
+
+    index = make_indexer(index_dir, encoder)
+    assert index.load().generation == 999_999
+    run_batch([make_pdf("notes.pdf", ["Release notes: the daemon now logs in JSON."])], index)
+    assert (index_dir / "CURRENT").read_text().strip() == "g1000000"
+    assert sorted(p.name for p in snapshots.iterdir()) == ["g1000000", "g999999"]
+    assert make_indexer(index_dir, encoder).load().generation == 1_000_000
+
+
+def test_a_load_whose_snapshot_is_pruned_meanwhile_reads_the_newer_one(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    """A server starting beside `ragline ingest` reads CURRENT without the writers' lock; two
+    commits between its read of CURRENT and of the snapshot prune what it named."""
+    index_dir = tmp_path / "index"
+    writer = indexed_store(index_dir, encoder, make_pdf("manual.pdf", MANUAL_PAGES))
+    start = writer.view.generation
+    reader = make_indexer(index_dir, encoder)
+    store = reader.store
+    read = store._read_snapshot
+    calls: list[str] = []
+
+    def two_commits_first(snap: Path):  # type: ignore[no-untyped-def]
+        if not calls:
+            for n in (1, 2):
+                run_batch([make_pdf(f"notes-{n}.pdf", [f"Release {n} adds a dial."])], writer)
+            assert not snap.exists()  # pruned under the reader
+        calls.append(snap.name)
+        return read(snap)
+
+    store._read_snapshot = two_commits_first  # type: ignore[method-assign]
+    assert reader.load().generation == start + 2
+    assert len(calls) == 2
+
+
 def test_corrupt_or_mismatched_snapshot_is_refused(
     tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
 ) -> None:

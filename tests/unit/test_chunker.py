@@ -36,13 +36,19 @@ def test_short_tail_is_merged_into_previous_chunk() -> None:
     assert chunks[-1].text.split()[-1] == "w194"
 
 
-def test_chunk_ids_are_stable_and_derived_from_hash_and_ordinal() -> None:
+def test_chunk_ids_are_stable_and_derived_from_hash_name_collection_and_ordinal() -> None:
     pages = [words(500, "x")]
     a = chunk_pages("d", "abc123" * 10, pages)
     b = chunk_pages("d", "abc123" * 10, pages)
     assert [c.chunk_id for c in a] == [c.chunk_id for c in b]
-    assert a[3].chunk_id == chunk_id_for("abc123" * 10, 3)
+    assert a[3].chunk_id == chunk_id_for("abc123" * 10, 3, "d", "default")
     assert len({c.chunk_id for c in a}) == len(a)
+    # The same bytes under another name, or in another collection, are another document.
+    renamed = chunk_pages("d-copy", "abc123" * 10, pages)
+    elsewhere = chunk_pages("d", "abc123" * 10, pages, collection="secret")
+    ids = {c.chunk_id for c in a}
+    assert ids.isdisjoint(c.chunk_id for c in renamed)
+    assert ids.isdisjoint(c.chunk_id for c in elsewhere)
 
 
 def test_empty_document_gives_no_chunks() -> None:

@@ -263,7 +263,27 @@ def test_ocr_reads_an_image_only_page(tmp_path: Path) -> None:
     assert "frobnicator" in doc.pages[1].lower() and "512" in doc.pages[1]
 
 
-def scanned_pdf(path: Path, text_page: str = "") -> Path:
+def test_a_huge_page_is_ocrd_at_a_bounded_resolution() -> None:
+    """A page may declare any size in a few bytes: its OCR rendering stays within
+    OCR_MAX_PIXELS, while a normal page keeps 300 dpi."""
+    from ingest.pdf import OCR_DPI, OCR_MAX_PIXELS, ocr_dpi
+
+    assert ocr_dpi(595, 842) == ocr_dpi(612, 792) == OCR_DPI  # A4, Letter
+    for side in (3000.0, 14_400.0, 1e7):
+        dpi = ocr_dpi(side, side)
+        assert 1 <= dpi < OCR_DPI
+        if dpi > 1:
+            assert (side / 72 * dpi) ** 2 <= OCR_MAX_PIXELS
+
+
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs tesseract-ocr (make setup)")
+def test_a_huge_image_only_page_is_still_read(tmp_path: Path) -> None:
+    path = scanned_pdf(tmp_path / "poster.pdf", size=(2400, 3100))
+    doc = read_pdf(path.read_bytes(), path.name)
+    assert doc.ocr_pages == (1,) and "frobnicator" in doc.pages[0].lower()
+
+
+def scanned_pdf(path: Path, text_page: str = "", size: tuple[int, int] = (612, 792)) -> Path:
     """A PDF whose last page is only a picture of text (as a scanner makes it)."""
     source = pymupdf.open()
     page = source.new_page()
@@ -276,7 +296,9 @@ def scanned_pdf(path: Path, text_page: str = "") -> Path:
     doc = pymupdf.open()
     if text_page:
         doc.new_page().insert_text((72, 72), text_page)
-    doc.new_page().insert_image(pymupdf.Rect(0, 0, 612, 792), pixmap=picture)
+    doc.new_page(width=size[0], height=size[1]).insert_image(
+        pymupdf.Rect(0, 0, *size), pixmap=picture
+    )
     doc.save(path)
     return path
 
