@@ -193,7 +193,9 @@ def settings_key(chunker: ChunkerConfig | None, limits: PdfLimits | None) -> str
         else f"words:{c.target_words}/{c.overlap_words}"
     )
     ocr = f"{p.ocr}:{p.ocr_language}"
-    return f"{windows};min:{c.min_words};tables:{p.tables};ocr:{ocr};q:{p.min_quality}"
+    # ids:2 — chunk ids name their document and collection (ingest.chunker.chunk_id_for):
+    # documents indexed with the old ids are replaced on their next ingest, not skipped.
+    return f"{windows};min:{c.min_words};tables:{p.tables};ocr:{ocr};q:{p.min_quality};ids:2"
 
 
 @dataclass(slots=True)
