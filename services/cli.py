@@ -141,6 +141,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, ImportError) as exc:  # a configuration that must not serve: say why
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # gRPC could not bind: the port is taken, or the address
+        print(f"error: cannot serve: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -403,6 +403,7 @@ class Gateway:
         """Yield text deltas, then the :class:`AnswerResult` last."""
         text, k = self.validate_query(query, k, default_k=self.evidence_k)
         self.check_max_new_tokens(max_new_tokens)
+        self.check_threshold(threshold)  # refused even when nothing is retrieved to score
         search_options = replace(self.options(options), explain=False)
         started = time.perf_counter()
         depth = max(k, self.evidence_candidates)

@@ -174,6 +174,9 @@ def server_options(settings: ServerSettings, max_message_mib: int) -> list[tuple
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.max_connection_age_ms", settings.max_connection_age_ms),
         ("grpc.max_connection_age_grace_ms", settings.max_connection_age_grace_ms),
+        # a port another process (or this one's other server) holds is refused, not shared:
+        # gRPC turns SO_REUSEPORT on by default, and the kernel would split connections
+        ("grpc.so_reuseport", 0),
     ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 
@@ -18,6 +19,7 @@ from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grp
 from services import convert
 from services.gateway import AnswerResult, Gateway
 from services.interceptors import current_principal
+from services.local_index import check_collection
 
 MAX_DESCRIBE_IDS = 1000
 """Document ids one Describe request may ask about."""
@@ -134,6 +136,16 @@ class RetrieverServicer(stages_pb2_grpc.RetrieverServiceServicer):
         return stages_pb2.SearchResponse(**convert.retrieval_fields(result))
 
 
+def _granted(pb: stages_pb2.CollectionGrant) -> frozenset[str] | None:
+    """The collections a gateway says its caller may change, within those the calling token
+    itself may: a token limited to some collections cannot widen them through the grant."""
+    asked = convert.grant_from_pb(pb)
+    principal = current_principal.get()
+    if principal is None or principal.collections is None:
+        return asked
+    return principal.collections if asked is None else asked & principal.collections
+
+
 class IndexServicer(stages_pb2_grpc.IndexServiceServicer):
     """The retriever role's index, for a gateway in another process (which authenticated its
     caller and says which collections it may change)."""
@@ -145,12 +157,21 @@ class IndexServicer(stages_pb2_grpc.IndexServiceServicer):
         self, request: stages_pb2.IndexIngestRequest, context: grpc.aio.ServicerContext
     ) -> ragline_pb2.IngestResponse:
         ingest = request.request
+        principal = current_principal.get()
+        if ingest.paths and principal is not None and principal.collections is not None:
+            raise PermissionDenied(
+                f"token {principal.name!r} may not ingest server-side paths: upload the "
+                "documents' bytes instead"
+            )
+        granted = _granted(request.grant)
+        if granted is not None and check_collection(ingest.collection) not in granted:
+            raise PermissionDenied(f"may not ingest into collection {ingest.collection!r}")
         report, info = await self.gateway.ingest(
             list(ingest.paths),
             [(d.name, d.content) for d in ingest.documents],
             ingest.collection,
             ingest.replace_other_paths,
-            convert.grant_from_pb(request.grant),
+            granted,
         )
         return convert.ingest_to_pb(report, info)
 
@@ -158,7 +179,7 @@ class IndexServicer(stages_pb2_grpc.IndexServiceServicer):
         self, request: stages_pb2.IndexDeleteRequest, context: grpc.aio.ServicerContext
     ) -> ragline_pb2.DeleteDocumentResponse:
         removed, generation = await self.gateway.delete_document(
-            request.request.doc_id, request.request.collection, convert.grant_from_pb(request.grant)
+            request.request.doc_id, request.request.collection, _granted(request.grant)
         )
         return ragline_pb2.DeleteDocumentResponse(
             chunks_removed=removed, index_generation=generation
@@ -171,7 +192,19 @@ class IndexServicer(stages_pb2_grpc.IndexServiceServicer):
             raise InvalidArgument.for_field(
                 "doc_ids", f"at most {MAX_DESCRIBE_IDS} ids of at most 255 characters"
             )
-        return convert.info_to_pb(await self.gateway.index.describe(tuple(request.doc_ids)))
+        info = await self.gateway.index.describe(tuple(request.doc_ids))
+        principal = current_principal.get()
+        if principal is not None and principal.collections is not None:
+            mine = principal.collections  # a limited token learns nothing of the others
+            collections = {c: n for c, n in info.collections.items() if c in mine}
+            info = replace(
+                info,
+                chunks=sum(n for _, n in collections.values()),
+                collections=collections,
+                doc_collections={d: c for d, c in info.doc_collections.items() if c in mine},
+                counters={},
+            )
+        return convert.info_to_pb(info)
 
 
 class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):

@@ -107,6 +107,19 @@ async def test_a_call_while_the_server_warms_up_is_unavailable_and_retryable(
     await stop_beside(running)
 
 
+async def test_a_second_server_on_a_taken_port_is_refused(  # type: ignore[no-untyped-def]
+    server, tmp_path, redis_url
+) -> None:
+    """gRPC would share the port (SO_REUSEPORT) and the kernel split clients between the two
+    processes; the port is refused instead."""
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.port = server.port
+    gateway = build_gateway(settings)
+    with pytest.raises(RuntimeError, match="bind"):
+        await start_server(settings, gateway, warm_generator=False)
+    await gateway.close()
+
+
 async def test_the_public_port_does_not_serve_the_internal_stages(channel) -> None:  # type: ignore[no-untyped-def]
     generator = stages_pb2_grpc.GeneratorServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as info:

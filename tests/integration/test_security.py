@@ -584,6 +584,40 @@ async def test_limits_hold_on_the_internal_port_and_for_limited_tokens(  # type:
             stages_pb2.SearchRequest(query=query), timeout=30, metadata=internal
         )
         assert found.hits and {h.chunk.collection for h in found.hits} == {"team-a"}
+        # The index service: the gateway's grant cannot widen what the token itself may.
+        index = stages_pb2_grpc.IndexServiceStub(channel)
+        every = stages_pb2.CollectionGrant(all=True)
+        described = await index.Describe(
+            stages_pb2.DescribeRequest(doc_ids=["helio", "cryo"]), timeout=30, metadata=internal
+        )
+        assert set(described.collections) == {"team-a"}
+        assert dict(described.doc_collections) == {"helio": "team-a"}
+        other = await _error(
+            index.DeleteDocument(
+                stages_pb2.IndexDeleteRequest(
+                    request=ragline_pb2.DeleteDocumentRequest(doc_id="cryo", collection="team-b"),
+                    grant=every,
+                ),
+                timeout=30,
+                metadata=internal,
+            )
+        )
+        assert other.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED)
+        planted = await _error(
+            index.Ingest(
+                stages_pb2.IndexIngestRequest(
+                    request=ragline_pb2.IngestRequest(
+                        documents=[ragline_pb2.Document(name="planted.pdf", content=b"%PDF-1.4")],
+                        collection="team-b",
+                    ),
+                    grant=every,
+                ),
+                timeout=30,
+                metadata=internal,
+            )
+        )
+        assert planted.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert secured.gateway.local_index.collection_of("cryo") == "team-b"
     channel, stub = _stub(secured.port)
     writer = bearer_metadata(tokens["writer_a"])
     pdf = write_pdf(tmp_path / "mine.pdf", ["A page of team A's own."])
