@@ -30,6 +30,17 @@ async def _scoped(gateway: Gateway, options: dict) -> dict | None:
     return await gateway.scope_options(options, current_principal.get())
 
 
+def _refuse_paths_to_limited(paths: bool) -> None:
+    """Server-side paths are the operator's roots, not a tenant's: a token limited to some
+    collections uploads the documents' bytes instead."""
+    principal = current_principal.get()
+    if paths and principal is not None and principal.collections is not None:
+        raise PermissionDenied(
+            f"token {principal.name!r} may not ingest server-side paths: upload the "
+            "documents' bytes instead"
+        )
+
+
 class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
     """The public API."""
 
@@ -43,12 +54,7 @@ class RaglineServicer(ragline_pb2_grpc.RaglineServicer):
         principal = current_principal.get()
         if principal is not None:
             principal.require_ingest(request.collection)
-            if request.paths and principal.collections is not None:
-                # the roots are the server's, not a tenant's: a limited token uploads
-                raise PermissionDenied(
-                    f"token {principal.name!r} may not ingest server-side paths: upload the "
-                    "documents' bytes instead"
-                )
+        _refuse_paths_to_limited(bool(request.paths))
         report, info = await self.gateway.ingest(
             list(request.paths),
             [(d.name, d.content) for d in request.documents],
@@ -157,15 +163,11 @@ class IndexServicer(stages_pb2_grpc.IndexServiceServicer):
         self, request: stages_pb2.IndexIngestRequest, context: grpc.aio.ServicerContext
     ) -> ragline_pb2.IngestResponse:
         ingest = request.request
-        principal = current_principal.get()
-        if ingest.paths and principal is not None and principal.collections is not None:
-            raise PermissionDenied(
-                f"token {principal.name!r} may not ingest server-side paths: upload the "
-                "documents' bytes instead"
-            )
+        _refuse_paths_to_limited(bool(ingest.paths))
         granted = _granted(request.grant)
-        if granted is not None and check_collection(ingest.collection) not in granted:
-            raise PermissionDenied(f"may not ingest into collection {ingest.collection!r}")
+        collection = check_collection(ingest.collection)
+        if granted is not None and collection not in granted:
+            raise PermissionDenied(f"may not ingest into collection {collection!r}")
         report, info = await self.gateway.ingest(
             list(ingest.paths),
             [(d.name, d.content) for d in ingest.documents],
