@@ -231,7 +231,14 @@ def build_filter(settings: Settings, metrics: Metrics | None = None) -> Evidence
     if c.address:
         from services.remote import RemoteFilter
 
-        return RemoteFilter(c.address, c.timeout_s, c.threshold, _channel(settings), metrics)
+        return RemoteFilter(
+            c.address,
+            c.timeout_s,
+            c.threshold,
+            _channel(settings),
+            metrics,
+            batch=settings.generator.max_evidence,
+        )
     if c.backend == "score_floor":
         return ScoreFloorFilter(c.score_floor)
     if c.backend == "auto" and not is_checkpoint(c.model_dir):
@@ -344,13 +351,14 @@ def build_retriever(settings: Settings, indexer: Indexer[IndexBackend]) -> Retri
 
 
 def build_local_graph(
-    settings: Settings, index: LocalIndex, retrieval: RetrievalStage
+    settings: Settings, index: LocalIndex, retrieval: RetrievalStage, owns_retrieval: bool = False
 ) -> LocalGraph | None:
-    """The graph stage over ``index``, kept in step with it (None: the graph is off)."""
+    """The graph stage over ``index``, kept in step with it (None: the graph is off);
+    ``owns_retrieval``: it closes ``retrieval`` when it closes."""
     path = build_graph_path(settings)
     if path is None:
         return None
-    graph = LocalGraph(path, index.store, retrieval)
+    graph = LocalGraph(path, index.store, retrieval, owns_retrieval)
     index.on_change(graph.sync)
     return graph
 
@@ -390,7 +398,7 @@ def build_gateway(settings: Settings, indexer: Indexer[IndexBackend] | None = No
         remote = RemoteRetriever(
             s.retriever_address, s.retriever_timeout_s, _channel(settings), metrics
         )
-        graph = build_local_graph(settings, index, remote)
+        graph = build_local_graph(settings, index, remote, owns_retrieval=True)
         if graph is None:
             raise ValueError("role graph: the graph is off (RAGLINE_GRAPH_ENABLED=false)")
         return Gateway(

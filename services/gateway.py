@@ -418,8 +418,10 @@ class Gateway:
         # answered whole: each part costs a scoring pass and an answer.
         multi = bounded_asks(text) if graph or self.answer_parts else []
         with tracer.start_as_current_span("ragline.credibility"):
+            # At most the evidence limit goes to the model, whatever k: the generator (in
+            # this process or another) takes no more, and its token budget cuts more anyway.
             evidence, part_scores = await self._select_evidence(
-                text, retrieved.hits, threshold, multi, limit=k
+                text, retrieved.hits, threshold, multi, limit=min(k, self.limits.max_evidence)
             )
         timings["credibility_ms"] = (time.perf_counter() - started) * 1000
         if self.answer_parts and len(multi) > 1:

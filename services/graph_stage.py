@@ -25,12 +25,21 @@ class LocalGraph:
     store: the index the graph is kept in step with (its documents, and the chunks the walk
         names).
     retrieval: searches the parts of a multi-part question.
+    owns_retrieval: close ``retrieval`` with this stage (the graph role's client of the
+        retriever role; in one process the retriever closes with the other stages).
     """
 
-    def __init__(self, path: GraphPath, store: IndexBackend, retrieval: RetrievalStage) -> None:
+    def __init__(
+        self,
+        path: GraphPath,
+        store: IndexBackend,
+        retrieval: RetrievalStage,
+        owns_retrieval: bool = False,
+    ) -> None:
         self.path = path
         self.store = store
         self.retrieval = retrieval
+        self.owns_retrieval = owns_retrieval
         self.queries = 0
         self.used = 0
 
@@ -79,6 +88,12 @@ class LocalGraph:
         self.queries += 1
         self.used += used
         return replace(result, hits=hits, timings_ms=timings), used
+
+    async def close(self) -> None:
+        """Close the retrieval stage when it is this stage's own (its channel)."""
+        close = getattr(self.retrieval, "close", None)
+        if self.owns_retrieval and close is not None:
+            await close()
 
     def counters(self) -> dict[str, float]:
         """The graph's size and how often the path ran."""

@@ -11,6 +11,7 @@ first use inside the serving event loop.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -305,13 +306,24 @@ class RemoteFilter(StageClient, Thresholded):
         threshold: float,
         channel: OpenChannel | None = None,
         metrics: Metrics | None = None,
+        batch: int = 20,
     ) -> None:
         StageClient.__init__(self, address, timeout_s, channel, metrics)
         Thresholded.__init__(self, threshold)
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        self.batch = batch
+        """Passages per Score call: the stage's ``RAGLINE_GENERATOR_MAX_EVIDENCE``. A ranking
+        deeper than that (Answer or Retrieve with a large k) is scored in concurrent calls."""
 
     async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
         if not hits:
             return []
+        parts = [hits[i : i + self.batch] for i in range(0, len(hits), self.batch)]
+        replies = await asyncio.gather(*(self._score(query, part) for part in parts))
+        return [score for reply in replies for score in reply]
+
+    async def _score(self, query: str, hits: Sequence[Hit]) -> list[float]:
         request = stages_pb2.ScoreRequest(query=query, hits=convert.hits_to_pb(hits))
         try:
             reply = await self.call("Score", request)

@@ -290,6 +290,7 @@ async def test_remote_credibility_service_and_the_documented_fallback(
     # A gateway whose filter is the classifier server's CredibilityService, over gRPC.
     settings = make_settings(tmp_path / "remote", redis_url)
     settings.credibility.address = f"127.0.0.1:{classifier_server.internal_port}"
+    settings.generator.max_evidence = 2  # a deeper ranking is scored two passages a call
     remote = await serve_beside(settings, server)
     # And one configured to fall back to the SPLADE floor when its service is down.
     settings = make_settings(tmp_path / "fallback", redis_url)
@@ -301,10 +302,32 @@ async def test_remote_credibility_service_and_the_documented_fallback(
         question = "Which environment variable gives the site configuration file?"
         async with grpc.aio.insecure_channel(f"127.0.0.1:{remote.port}") as channel:
             public = ragline_pb2_grpc.RaglineStub(channel)
+            scores_called = {
+                "grpc_service": "ragline.v1.CredibilityService",
+                "grpc_method": "Score",
+                "grpc_code": "OK",
+            }
+            registry = remote.gateway.metrics.registry
             found = await public.Retrieve(
-                ragline_pb2.RetrieveRequest(query=question, k=3, score_evidence=True), timeout=60
+                ragline_pb2.RetrieveRequest(query=question, k=5, score_evidence=True), timeout=60
             )
+            assert len(found.hits) >= 3  # as many as the index holds
+            calls = registry.get_sample_value("grpc_client_handled_total", scores_called)
+            assert calls == (len(found.hits) + 1) // 2
             assert all(0.0 <= h.stage_scores["credibility"] <= 1.0 for h in found.hits)
+            reply = await public.Answer(
+                ragline_pb2.AnswerRequest(query=question, k=5, threshold=0.5), timeout=120
+            )
+            assert len(reply.evidence) <= 2  # the evidence limit, whatever k
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{classifier_server.port}") as channel:
+            direct = await ragline_pb2_grpc.RaglineStub(channel).Retrieve(
+                ragline_pb2.RetrieveRequest(query=question, k=5, score_evidence=True), timeout=60
+            )
+        # Score calls of two passages score each as one call of the classifier's own does
+        assert [h.chunk.chunk_id for h in direct.hits] == [h.chunk.chunk_id for h in found.hits]
+        assert [h.stage_scores["credibility"] for h in found.hits] == pytest.approx(
+            [h.stage_scores["credibility"] for h in direct.hits], abs=1e-5
+        )
         async with grpc.aio.insecure_channel(f"127.0.0.1:{fallback.port}") as channel:
             public = ragline_pb2_grpc.RaglineStub(channel)
             reply = await public.Answer(ragline_pb2.AnswerRequest(query=question), timeout=120)
