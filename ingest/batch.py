@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import re
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -193,6 +194,8 @@ def settings_key(chunker: ChunkerConfig | None, limits: PdfLimits | None) -> str
         else f"words:{c.target_words}/{c.overlap_words}"
     )
     ocr = f"{p.ocr}:{p.ocr_language}"
+    if p.max_ocr_pages != PdfLimits().max_ocr_pages:  # the default keeps keys written before it
+        ocr += f":max{p.max_ocr_pages}"
     # ids:2 — chunk ids name their document and collection (ingest.chunker.chunk_id_for):
     # documents indexed with the old ids are replaced on their next ingest, not skipped.
     return f"{windows};min:{c.min_words};tables:{p.tables};ocr:{ocr};q:{p.min_quality};ids:2"
@@ -296,9 +299,11 @@ def ingest_one(
     limits: PdfLimits | None = None,
     collection: str = "default",
     replace_other_paths: bool = False,
+    parse: UploadParseFn | None = None,
 ) -> FileResult:
-    """Parse, chunk and hand one uploaded document to the sink, in this process; failures
-    become a ``failed`` result.
+    """Parse, chunk and hand one uploaded document to the sink; failures become a ``failed``
+    result. ``parse`` parses it elsewhere (:class:`UploadParsers`: a worker process); default
+    in this process.
 
     A new version of an earlier upload (same name, same collection) replaces it. A document id
     held by a document from another source (a file ingested from a path, or an upload into
@@ -318,7 +323,14 @@ def ingest_one(
             refused = _held_by_other_source(sink, doc_id, collection)
             if refused:
                 return FileResult(name, doc_id, "failed", reason=refused)
-        return _store(parse_document(data, name, chunker, limits, collection), name, sink, previous)
+        if parse is None:
+            parsed: Parsed | str = parse_document(data, name, chunker, limits, collection)
+        else:
+            parsed = parse(data, name, chunker, limits, collection)
+        if isinstance(parsed, str):
+            logger.warning("skipped %s: %s", name, parsed)
+            return FileResult(name, doc_id, "failed", reason=parsed)
+        return _store(parsed, name, sink, previous)
     except RaglineError as exc:
         logger.warning("skipped %s: %s", name, exc.message)
         return FileResult(name, doc_id, "failed", reason=exc.message)
@@ -422,7 +434,18 @@ def parse_path(
     """The worker task: a parsed document, or the reason it failed (never raises)."""
     try:
         data = Path(path).read_bytes()
-        return parse_document(data, utf8_name(Path(path).name), chunker, limits, collection)
+    except OSError as exc:
+        return str(exc)
+    return parse_upload(data, utf8_name(Path(path).name), chunker, limits, collection)
+
+
+def parse_upload(
+    data: bytes, name: str, chunker: ChunkerConfig | None, limits: PdfLimits | None, collection: str
+) -> Parsed | str:
+    """The worker task for a document's bytes: parsed, or the reason it failed (never
+    raises)."""
+    try:
+        return parse_document(data, name, chunker, limits, collection)
     except RaglineError as exc:
         return exc.message
     except MemoryError:
@@ -430,11 +453,77 @@ def parse_path(
     except OSError as exc:
         return str(exc)
     except Exception as exc:  # a bug or a PDF-library error: this file fails, the batch goes on
-        logger.exception("parsing %s failed", path)
+        logger.exception("parsing %s failed", name)
         return f"parser error: {type(exc).__name__}: {exc}"
 
 
 ParseFn = Callable[[str, ChunkerConfig | None, PdfLimits | None, str], Parsed | str]
+UploadParseFn = Callable[[bytes, str, ChunkerConfig | None, PdfLimits | None, str], Parsed | str]
+
+WORKER_DIED = (
+    "the parser process died reading it (over the worker memory limit, "
+    "RAGLINE_INGEST_WORKER_MEMORY_MIB, or a crash in the PDF library)"
+)
+
+
+class UploadParsers:
+    """Worker processes that parse uploaded documents, as the batch job's parse files: a PDF
+    that exhausts memory or crashes the PDF library fails alone, and the server that received
+    it goes on. The pool starts on the first upload and is replaced after a worker dies."""
+
+    def __init__(self, workers: int = 1, memory_limit_mb: int = 4096) -> None:
+        self.workers = max(1, workers)
+        self.memory_limit_mb = memory_limit_mb
+        self._executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _pool(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(
+                    self.workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_limit_memory,
+                    initargs=(self.memory_limit_mb,),
+                )
+            return self._executor
+
+    def __call__(
+        self,
+        data: bytes,
+        name: str,
+        chunker: ChunkerConfig | None,
+        limits: PdfLimits | None,
+        collection: str,
+    ) -> Parsed | str:
+        """Parse in a worker (blocking: call from a thread): the document, or why not."""
+        for _ in range(2):
+            executor = self._pool()
+            try:
+                future = executor.submit(parse_upload, data, name, chunker, limits, collection)
+            except BrokenProcessPool:  # a worker died before this document: a fresh pool
+                self._discard(executor)
+                continue
+            try:
+                return future.result()
+            except BrokenProcessPool:  # it died reading this document
+                self._discard(executor)
+                return WORKER_DIED
+        return WORKER_DIED
+
+    def _discard(self, executor: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._executor is executor:
+                self._executor = None
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
 ParseEngine = Callable[
     [Sequence["_Job"], ChunkerConfig | None, PdfLimits | None, str],
     Iterator[tuple["_Job", Parsed | str]],

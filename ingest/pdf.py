@@ -58,6 +58,9 @@ class PdfLimits:
     ocr: bool = True
     """OCR pages without a text layer through Tesseract when it is installed."""
     ocr_language: str = "eng"
+    max_ocr_pages: int = 300
+    """Pages of one document OCR'd at most (each takes seconds); pages past it without a text
+    layer are left out, named in the report."""
     allow_javascript: bool = False
     """A PDF carrying JavaScript is refused unless this is set."""
     max_stream_bytes: int = 256 * 1024 * 1024
@@ -102,7 +105,10 @@ class ParsedDocument:
         reasons = {}
         for n in self.flagged:
             if n in self.unreadable:
-                reasons[n] = "no text layer, not OCR'd (OCR off, or tesseract-ocr not installed)"
+                reasons[n] = (
+                    "no text layer, not OCR'd (OCR off, tesseract-ocr not installed, or past "
+                    "RAGLINE_INGEST_MAX_OCR_PAGES)"
+                )
             elif not self.pages[n - 1] and self.quality[n - 1] == 0:
                 reasons[n] = "no text"
             else:
@@ -397,7 +403,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
                     for b in raw
                 ]
         if not raw and page.get_images():
-            if tessdata is None:
+            if tessdata is None or len(ocr_pages) >= limits.max_ocr_pages:
                 unreadable.append(number)
             else:
                 textpage = page.get_textpage_ocr(

@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ingest.batch import FileResult, IngestReport, duplicate_uploads, ingest_one, run_batch
+from ingest.batch import (
+    FileResult,
+    IngestReport,
+    UploadParsers,
+    duplicate_uploads,
+    ingest_one,
+    run_batch,
+)
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, doc_id_for
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -74,7 +81,8 @@ class LocalIndex:
     """Args:
     indexer: encodes and writes documents (the batch jobs' sink) into its backend.
     chunker / pdf_limits: how PDFs become chunks, and which are refused.
-    workers / worker_memory_mib: parser processes for server-side paths (0: this process).
+    workers / worker_memory_mib: parser processes for server-side paths and uploads (0: this
+        process).
     path_policy: the server-side paths a client may name (none by default).
     writer: False for a process that only reads the index another process writes (the graph
         role): it loads snapshots and never encodes or commits.
@@ -97,10 +105,17 @@ class LocalIndex:
         self.pdf_limits = pdf_limits
         self.workers = workers
         self.worker_memory_mib = worker_memory_mib
+        self._uploads = UploadParsers(workers, worker_memory_mib) if workers > 0 else None
+        """Uploads are parsed in worker processes too (0 workers: in this process)."""
         self.path_policy = path_policy or PathPolicy()
         self._lock = asyncio.Lock()
         self._listeners: list[Callable[[], object]] = []
         self._known: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
+
+    def close(self) -> None:
+        """Stop the upload parsers' worker processes."""
+        if self._uploads is not None:
+            self._uploads.close()
 
     def on_change(self, listener: Callable[[], object]) -> None:
         """Call ``listener`` (blocking; from a worker thread) after every change of the
@@ -271,6 +286,7 @@ class LocalIndex:
                 self.pdf_limits,
                 collection,
                 replace,
+                self._uploads,
             )
             results.append(result)
         return results

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from generator.models import (
@@ -166,7 +166,7 @@ class ServerSettings(BaseSettings):
         "policy; 1 = no retries). Retries back off from RETRY_BACKOFF_S, doubling.",
     )
     retry_backoff_s: float = Field(
-        0.05, gt=0, le=5, description="First retry's (randomised) backoff."
+        0.05, ge=0.001, le=5, description="First retry's (randomised) backoff."
     )
     reconnect_max_ms: int = Field(
         1000,
@@ -175,6 +175,22 @@ class ServerSettings(BaseSettings):
         "that went away (gRPC's own default, 120 s, would leave a restarted stage unused "
         "for minutes).",
     )
+
+    @model_validator(mode="after")
+    def _ports_apart(self) -> ServerSettings:
+        """The public, internal and metrics ports are three ports (0 = any free one)."""
+        named = [("PORT", self.port), ("INTERNAL_PORT", self.internal_port)]
+        named.append(("METRICS_PORT", self.metrics_port))
+        taken: dict[int, str] = {}
+        for name, port in named:
+            if port:
+                if port in taken:
+                    raise ValueError(
+                        f"RAGLINE_SERVER_{name} and RAGLINE_SERVER_{taken[port]} are both "
+                        f"{port}: give each its own port (0 = any free one)"
+                    )
+                taken[port] = name
+        return self
 
 
 class IngestSettings(BaseSettings):
@@ -207,6 +223,12 @@ class IngestSettings(BaseSettings):
     )
     ocr: bool = Field(True, description="OCR pages without text through Tesseract if installed.")
     ocr_language: str = Field("eng", description="Tesseract language(s), e.g. eng+deu.")
+    max_ocr_pages: int = Field(
+        300,
+        ge=0,
+        description="Pages of one document OCR'd at most (seconds each on a CPU); image-only "
+        "pages past it are left out and named in the report.",
+    )
     allow_javascript: bool = Field(False, description="Ingest PDFs that carry JavaScript.")
     max_stream_mib: int = Field(
         256, ge=1, description="A stream inflating past this is a decompression bomb (refused)."
@@ -239,6 +261,7 @@ class IngestSettings(BaseSettings):
             tables=self.tables,
             ocr=self.ocr,
             ocr_language=self.ocr_language,
+            max_ocr_pages=self.max_ocr_pages,
             allow_javascript=self.allow_javascript,
             max_stream_bytes=self.max_stream_mib * 1024 * 1024,
         )
@@ -368,16 +391,30 @@ class RetrieverSettings(BaseSettings):
         "rrf (reciprocal rank). Dev set: weighted 1/0.2 MRR@10 0.884 vs sparse alone 0.843; "
         "rrf 1/1 ranked lower on an earlier index (README 'Evaluation').",
     )
-    sparse_weight: float = Field(1.0, ge=0, description="Default hybrid weight of SPLADE.")
+    sparse_weight: float = Field(1.0, ge=0, le=100, description="Default hybrid weight of SPLADE.")
     dense_weight: float = Field(
         0.2,
         ge=0,
+        le=100,
         description="Default hybrid weight of dense. The packaged MiniLM is far weaker than "
         "SPLADE on technical manuals (dev R@10 0.845 vs 0.966): it breaks ties, not rankings.",
     )
     default_k: int = Field(10, ge=1, description="Passages returned when a request says k=0.")
     max_k: int = Field(100, ge=1, description="Largest k a request may ask for.")
     max_query_chars: int = Field(2000, ge=1, description="Longer queries are INVALID_ARGUMENT.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RetrieverSettings:
+        if self.default_k > self.max_k:
+            raise ValueError(
+                f"RAGLINE_RETRIEVER_DEFAULT_K ({self.default_k}) is over "
+                f"RAGLINE_RETRIEVER_MAX_K ({self.max_k})"
+            )
+        if self.mode == "hybrid" and self.sparse_weight + self.dense_weight <= 0:
+            raise ValueError(
+                "RAGLINE_RETRIEVER_MODE=hybrid needs a positive SPARSE_WEIGHT or DENSE_WEIGHT"
+            )
+        return self
 
 
 class CacheSettings(BaseSettings):
@@ -419,6 +456,16 @@ class CredibilitySettings(BaseSettings):
     max_threshold: float = Field(
         0.99, gt=0, lt=1, description="Highest per-request threshold override accepted."
     )
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> CredibilitySettings:
+        if self.min_threshold > self.max_threshold:
+            raise ValueError(
+                f"RAGLINE_CREDIBILITY_MIN_THRESHOLD ({self.min_threshold:g}) is over "
+                f"RAGLINE_CREDIBILITY_MAX_THRESHOLD ({self.max_threshold:g})"
+            )
+        return self
+
     max_length: int = Field(
         192, ge=32, le=512, description="Tokens per (query, passage) pair; the query is kept whole."
     )

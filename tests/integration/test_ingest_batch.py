@@ -26,7 +26,7 @@ from retriever.encoders import SpladeEncoder
 from retriever.indexer import Indexer, encoding_text
 from retriever.store import _chunk_from_json
 from services.convert import chunk_from_pb, chunk_to_pb
-from tests.conftest import MANUAL_PAGES, ROOT, make_indexer
+from tests.conftest import MANUAL_PAGES, ROOT, make_indexer, write_pdf
 from tests.unit.test_ingest_layout import bomb_pdf, javascript_pdf
 
 pytestmark = pytest.mark.integration
@@ -296,3 +296,42 @@ def test_cell_reader_reads_what_pymupdf_extract_cells_reads(r_manuals: Path) -> 
                 assert read(box) == extract_cells(table.textpage, box, markdown=False), box
             cells += len(boxes)
     assert cells > 40
+
+
+def test_uploads_parse_in_a_worker_that_may_die_alone(tmp_path: Path, r_manuals: Path) -> None:
+    """An upload is parsed in a worker process, as a batch file is: the same chunks as in
+    this process; a worker killed mid-parse fails that document alone (the reason says so),
+    and the next upload gets a fresh worker, also after one died while idle."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ingest.batch import WORKER_DIED, UploadParsers
+
+    data = write_pdf(tmp_path / "frob.pdf", MANUAL_PAGES).read_bytes()
+    big = (r_manuals / "R-intro.pdf").read_bytes()
+    parsers = UploadParsers(workers=1, memory_limit_mb=2048)
+    try:
+        parsed = parsers(data, "frob.pdf", None, None, "default")
+        assert isinstance(parsed, Parsed)
+        assert parsed.chunks == parse_document(data, "frob.pdf").chunks
+
+        def workers() -> list[int]:
+            executor = parsers._executor
+            return list((executor._processes or {}).keys()) if executor is not None else []
+
+        with ThreadPoolExecutor(1) as thread:
+            pending = thread.submit(parsers, big, "R-intro.pdf", None, None, "default")
+            deadline = time.monotonic() + 30
+            while not pending.done() and time.monotonic() < deadline:
+                if workers():
+                    time.sleep(0.2)  # the worker has the document
+                    os.kill(workers()[0], signal.SIGKILL)
+                    break
+                time.sleep(0.01)
+            assert pending.result(timeout=60) == WORKER_DIED
+        again = parsers(data, "frob.pdf", None, None, "default")
+        assert isinstance(again, Parsed) and again.chunks == parsed.chunks
+        os.kill(workers()[0], signal.SIGKILL)  # dies idle: the next document is not blamed
+        time.sleep(0.5)
+        assert isinstance(parsers(data, "frob.pdf", None, None, "default"), Parsed)
+    finally:
+        parsers.close()

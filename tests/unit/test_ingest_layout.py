@@ -263,6 +263,24 @@ def test_ocr_reads_an_image_only_page(tmp_path: Path) -> None:
     assert "frobnicator" in doc.pages[1].lower() and "512" in doc.pages[1]
 
 
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs tesseract-ocr (make setup)")
+def test_ocr_stops_at_the_page_budget_and_says_so(tmp_path: Path) -> None:
+    """A document of many scanned pages costs seconds a page: past ``max_ocr_pages`` its
+    image-only pages are left out, each named with the reason."""
+    path = scanned_pdf(tmp_path / "scans.pdf", text_page="A normal page of text.")
+    doc = pymupdf.open(path)
+    doc.fullcopy_page(1)  # a second scanned page
+    doc.saveIncr()
+    doc.close()
+    read = read_pdf(path.read_bytes(), path.name, PdfLimits(max_ocr_pages=1))
+    assert read.ocr_pages == (2,) and read.unreadable == (3,) and read.flagged == (3,)
+    assert "MAX_OCR_PAGES" in read.flag_reasons()[3]
+    none = read_pdf(path.read_bytes(), path.name, PdfLimits(max_ocr_pages=0))
+    assert none.ocr_pages == () and none.unreadable == (2, 3)
+    full = read_pdf(path.read_bytes(), path.name)
+    assert full.ocr_pages == (2, 3) and not full.flagged
+
+
 def test_a_huge_page_is_ocrd_at_a_bounded_resolution() -> None:
     """A page may declare any size in a few bytes: its OCR rendering stays within
     OCR_MAX_PIXELS, while a normal page keeps 300 dpi."""
