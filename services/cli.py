@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -28,18 +29,18 @@ EPILOG = "Configuration (environment variables, with defaults):\n" + describe_se
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings()
+    """The environment's settings with the command line's flags laid over them, validated
+    together (a flag is checked as its RAGLINE_* variable would be)."""
+    from services.settings import RetrieverSettings, ServerSettings
+
+    server: dict[str, Any] = {}
+    for flag in ("port", "host", "role", "metrics_port"):
+        if getattr(args, flag, None) not in (None, ""):
+            server[flag] = getattr(args, flag)
+    retriever: dict[str, Any] = {}
     if getattr(args, "index_dir", None):
-        settings.retriever.index_dir = Path(args.index_dir)
-    if getattr(args, "port", None) is not None:
-        settings.server.port = args.port
-    if getattr(args, "host", None):
-        settings.server.host = args.host
-    if getattr(args, "role", None):
-        settings.server.role = args.role
-    if getattr(args, "metrics_port", None) is not None:
-        settings.server.metrics_port = args.metrics_port
-    return settings
+        retriever["index_dir"] = Path(args.index_dir)
+    return Settings(server=ServerSettings(**server), retriever=RetrieverSettings(**retriever))
 
 
 @contextlib.contextmanager
@@ -136,8 +137,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.server import serve
 
+    settings = _settings(args)  # a bad flag or variable: main's configuration error
     try:
-        asyncio.run(serve(_settings(args), exit_when_stopped=True))
+        asyncio.run(serve(settings, exit_when_stopped=True))
     except (ValueError, ImportError) as exc:  # a configuration that must not serve: say why
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -300,6 +302,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         if args.file:
             path = Path(args.file)
             existing = path.read_text(encoding="utf-8") if path.exists() else '{"tokens": []}'
+            # a file that is not a token file ([] or null, say) is refused, not extended
+            TokenRegistry.from_json_text(existing, f"token file {path}")
             data = json.loads(existing)
             data["tokens"].append(entry)
             text = json.dumps(data, indent=1)
@@ -332,6 +336,44 @@ def _count(low: int, high: int | None = None) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _number(text: str) -> float:
+    """A finite number written in ASCII (float() also reads other scripts' digits, "inf" and
+    "nan")."""
+    try:
+        if not text.isascii():
+            raise ValueError(text)
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
+    return value
+
+
+def _share(text: str) -> float:
+    """An argparse type: a share in [0, 1]."""
+    value = _number(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} must be in [0, 1]")
+    return value
+
+
+def _positive(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0")
+    return value
 
 
 def _threshold(text: str) -> float:
@@ -547,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=_count(0),
         help="parser processes (default: RAGLINE_INGEST_WORKERS, 1; 0 = in this process)",
     )
     p.add_argument(
@@ -571,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--encode-actors",
-        type=int,
+        type=_count(1),
         default=1,
         help="with --engine ray: encoder actors (each loads the models once; default 1)",
     )
@@ -593,7 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--host", help="bind address (default: RAGLINE_SERVER_HOST)")
-    p.add_argument("--port", type=int, help="port (default: RAGLINE_SERVER_PORT, 50051)")
+    p.add_argument(
+        "--port", type=_count(0, 65535), help="port (default: RAGLINE_SERVER_PORT, 50051)"
+    )
     p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")
     p.add_argument(
         "--role",
@@ -602,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=_count(0, 65535),
         help="serve Prometheus /metrics on this port (default: RAGLINE_SERVER_METRICS_PORT, off)",
     )
     p.set_defaults(func=cmd_serve)
@@ -617,7 +661,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--port", type=int, default=50051, help="the gateway's port (default 50051)")
+    p.add_argument(
+        "--port", type=_count(1, 65535), default=50051, help="the gateway's port (default 50051)"
+    )
     p.add_argument("--logs", default="var/cluster", help="folder of each role's log")
     p.set_defaults(func=cmd_cluster)
 
@@ -744,27 +790,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--with-corpus", action="store_true", help="with --pairs, also use the index")
     p.add_argument("--out", help="checkpoint folder (default: RAGLINE_CREDIBILITY_MODEL_DIR)")
-    p.add_argument("--seed", type=int, default=0, help="seed for questions, split and training")
-    p.add_argument("--epochs", type=int, default=3, help="training epochs (default 3)")
+    p.add_argument(
+        "--seed", type=_count(0), default=0, help="seed for questions, split and training"
+    )
+    p.add_argument("--epochs", type=_count(1), default=3, help="training epochs (default 3)")
     p.add_argument(
         "--max-questions",
-        type=int,
+        type=_count(1),
         default=6000,
         help="questions generated from the corpus (default 6000, ~4 pairs each)",
     )
     p.add_argument(
-        "--questions-per-chunk", type=int, default=3, help="at most this many per passage"
+        "--questions-per-chunk", type=_count(1), default=3, help="at most this many per passage"
     )
     p.add_argument(
         "--word-dropout",
-        type=float,
+        type=_share,
         default=0.75,
         help="share of a source sentence's content words left out of its generated question, "
         "so questions do not simply copy the passage (default 0.75)",
     )
     p.add_argument(
         "--answer-deleted-rate",
-        type=float,
+        type=_share,
         default=0.0,
         help="share of questions that also get a negative made by blanking the answer in its "
         "own sentence (hardest negatives; default 0: too hard for the packaged base model)",
@@ -777,7 +825,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--learning-rate",
-        type=float,
+        type=_positive,
         default=2e-4,
         help="AdamW peak learning rate (default 2e-4, for the 2-layer base; ~5e-5 suits "
         "6-layer bases)",
@@ -826,15 +874,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="teacher LLM: a packaged name or a .gguf path "
         "(default packaged:qwen2.5-coder-1.5b-instruct)",
     )
-    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="seed for passages and kinds")
+    p.add_argument("--threads", type=_count(1), default=2, help="llama.cpp threads (default 2)")
+    p.add_argument("--seed", type=_count(0), default=0, help="seed for passages and kinds")
     p.add_argument(
-        "--max-questions", type=int, default=300, help="stop once this many are kept (300)"
+        "--max-questions", type=_count(1), default=300, help="stop once this many are kept (300)"
     )
-    p.add_argument("--max-attempts", type=int, default=0, help="stop after this many tries (0: 4x)")
+    p.add_argument(
+        "--max-attempts", type=_count(0), default=0, help="stop after this many tries (0: 4x)"
+    )
     p.add_argument(
         "--hard-negatives",
-        type=int,
+        type=_count(0),
         default=1,
         help="retrieved passages per question labelled by the LLM reader (default 1)",
     )
@@ -891,7 +941,7 @@ def _add_token_parser(sub: Any) -> None:
 
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="server host:port (default: RAGLINE_SERVER_TARGET)")
-    p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    p.add_argument("--timeout", type=_seconds, default=120.0, help="deadline in seconds")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -904,10 +954,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ragline.errors import RaglineError
 
+    unreadable = _not_utf8(args)
+    if unreadable:
+        print(f"error: {unreadable} is not valid UTF-8 text", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args))
     except ValidationError as exc:
-        print(f"error: invalid configuration (RAGLINE_* environment):\n{exc}", file=sys.stderr)
+        print(
+            f"error: invalid configuration (flags or RAGLINE_* environment):\n{exc}",
+            file=sys.stderr,
+        )
+        return 2
+    except ValueError as exc:  # a TLS file or token file that cannot be used: the reason
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except RaglineError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
@@ -922,6 +982,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+_TEXT_ARGS = ("query", "doc_id", "collection", "doc", "target", "name", "scopes", "collections")
+"""Arguments that travel as protobuf or JSON strings, which must be UTF-8 (paths need not be:
+the batch job reads any file name, see :func:`ingest.pdf.utf8_name`)."""
+
+
+def _not_utf8(args: argparse.Namespace) -> str:
+    """The first text argument that is not UTF-8 (the shell passed bytes Python could only
+    keep as surrogates), named as on the command line; "" when all are."""
+    for name in _TEXT_ARGS:
+        value = getattr(args, name, None)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and not _encodes(item):
+                return name if name in ("query", "doc_id") else f"--{name}"
+    return ""
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _CONNECT_FAILURES = (
     "failed to connect",
     "connection refused",
@@ -933,10 +1017,20 @@ UNAVAILABLE itself, say with its generator down, needs no hint on starting one).
 
 
 def _no_server(exc: grpc.RpcError) -> bool:
+    """Whether no server answered at all: gRPC's own connect failure, which carries no status
+    details (a gateway that cannot reach one of its stages answers UNAVAILABLE with a retry
+    hint in its details: the server is there, the hint to start one would mislead)."""
+    from grpc_status import rpc_status
+
     details = (exc.details() or "").lower()
-    return exc.code() == grpc.StatusCode.UNAVAILABLE and any(
-        failure in details for failure in _CONNECT_FAILURES
-    )
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    if not any(failure in details for failure in _CONNECT_FAILURES):
+        return False
+    try:
+        return rpc_status.from_call(exc) is None
+    except ValueError:
+        return True
 
 
 def _no_server_message(args: argparse.Namespace, exc: grpc.RpcError) -> str:

@@ -6,7 +6,9 @@ speak to a secured server the same way.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import logging
 from typing import Any, NamedTuple
 
 import grpc
@@ -14,6 +16,8 @@ import grpc
 from services.auth import bearer_metadata
 from services.settings import ServerSettings
 from services.tls import channel_credentials
+
+logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -34,8 +38,8 @@ def service_config(server: ServerSettings) -> str:
     and delete are idempotent (content hashes, ids)."""
     policy = {
         "maxAttempts": server.retry_attempts,
-        "initialBackoff": f"{server.retry_backoff_s:g}s",
-        "maxBackoff": f"{max(1.0, server.retry_backoff_s * 8):g}s",
+        "initialBackoff": _duration(server.retry_backoff_s),
+        "maxBackoff": _duration(max(1.0, server.retry_backoff_s * 8)),
         "backoffMultiplier": 2,
         "retryableStatusCodes": ["UNAVAILABLE"],
     }
@@ -45,6 +49,12 @@ def service_config(server: ServerSettings) -> str:
     if server.retry_attempts > 1:
         config["methodConfig"][0]["retryPolicy"] = policy
     return json.dumps(config)
+
+
+def _duration(seconds: float) -> str:
+    """A service-config duration: decimal seconds, never exponent notation ("1e-05s" is
+    not one)."""
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
 
 
 def channel_options(server: ServerSettings) -> list[tuple[str, Any]]:
@@ -65,8 +75,12 @@ def channel_options(server: ServerSettings) -> list[tuple[str, Any]]:
 
 def _credentials(server: ServerSettings) -> grpc.ChannelCredentials | None:
     """TLS credentials when a CA (or a client certificate) is configured, else None."""
-    if server.tls_ca_file is None and server.tls_client_cert_file is None:
-        return None
+    if (server.tls_ca_file, server.tls_client_cert_file, server.tls_client_key_file) == (
+        None,
+        None,
+        None,
+    ):
+        return None  # a lone client key is refused below, not ignored for a plaintext channel
     return channel_credentials(
         server.tls_ca_file, server.tls_client_cert_file, server.tls_client_key_file
     )
@@ -136,6 +150,41 @@ class _AioStreamToken(_AioToken, grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(self._details(details), request)
 
 
+def is_loopback(target: str) -> bool:
+    """Whether a gRPC target names this machine (loopback address, localhost, a unix
+    socket): nothing sent to it crosses a network."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = target.split("///", 1)[-1]  # dns:///host:port, ipv4:host:port
+    host = host.removeprefix("ipv4:").removeprefix("ipv6:")
+    if host.startswith("["):
+        host = host[1 : host.find("]")]
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_warned: set[str] = set()
+
+
+def _warn_plaintext_token(target: str) -> None:
+    """Once per target: a bearer token about to cross a network unencrypted."""
+    if target in _warned:
+        return
+    _warned.add(target)
+    logger.warning(
+        "RAGLINE_SERVER_TOKEN is sent to %s over a plaintext channel: anyone on the network "
+        "path can read and replay it; set RAGLINE_SERVER_TLS_CA_FILE (the CA of the server's "
+        "certificate) to encrypt the channel",
+        target,
+    )
+
+
 def open_channel(server: ServerSettings, target: str, aio: bool = False) -> Any:
     """A channel to ``target`` (``grpc.aio`` with ``aio``): secure when TLS is configured,
     every call carrying the configured bearer token.
@@ -145,6 +194,8 @@ def open_channel(server: ServerSettings, target: str, aio: bool = False) -> Any:
     """
     options = channel_options(server)
     credentials = _credentials(server)
+    if server.token and credentials is None and not is_loopback(target):
+        _warn_plaintext_token(target)
     if aio:
         from services.tracing import client_interceptors
 

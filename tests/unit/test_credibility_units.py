@@ -368,8 +368,10 @@ def test_both_packaged_bases_resolve_and_a_bad_base_fails_before_generation(
     argv = ["credibility", "train", "-q", "--out", str(out), "--index-dir", str(tmp_path / "i")]
     assert main([*argv, "--base", str(missing)]) == 2
     assert "base: cannot load" in capsys.readouterr().err
-    assert main([*argv, "--epochs", "0"]) == 2
-    assert "epochs: must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # a usage error, before anything loads
+        main([*argv, "--epochs", "0"])
+    assert exited.value.code == 2
+    assert "--epochs: 0 must be at least 1" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -161,3 +161,179 @@ def test_a_stage_role_without_its_addresses_is_refused_before_serving() -> None:
     settings.stages.retriever_address = ""
     with pytest.raises(ValueError, match="RAGLINE_STAGES_RETRIEVER_ADDRESS"):
         build_gateway(settings)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--port", "70000"], "must be in [0, 65535]"),
+        (["serve", "--metrics-port", "-1"], "must be in [0, 65535]"),
+        (["cluster", "--port", "0"], "must be in [1, 65535]"),
+        (["stats", "--timeout", "inf"], "is not a finite number"),
+        (["stats", "--timeout", "nan"], "is not a finite number"),
+        (["stats", "--timeout", "-5"], "must be more than 0 seconds"),
+        (["retrieve", "q", "--timeout", "0"], "must be more than 0 seconds"),
+        (["ingest", "x.pdf", "--workers", "-1"], "must be at least 0"),
+        (["ingest", "x.pdf", "--encode-actors", "0"], "must be at least 1"),
+        (["credibility", "train", "--epochs", "0"], "must be at least 1"),
+        (["credibility", "train", "--word-dropout", "1.5"], "must be in [0, 1]"),
+        (["credibility", "train", "--learning-rate", "0"], "must be more than 0"),
+        (["credibility", "questions", "--out", "q.jsonl", "--threads", "0"], "at least 1"),
+    ],
+)
+def test_flags_out_of_range_are_usage_errors(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"RAGLINE_SERVER_PORT": "7000", "RAGLINE_SERVER_INTERNAL_PORT": "7000"}, "own port"),
+        ({"RAGLINE_SERVER_METRICS_PORT": "50051"}, "own port"),
+        ({"RAGLINE_RETRIEVER_DEFAULT_K": "20", "RAGLINE_RETRIEVER_MAX_K": "10"}, "over"),
+        ({"RAGLINE_RETRIEVER_SPARSE_WEIGHT": "0", "RAGLINE_RETRIEVER_DENSE_WEIGHT": "0"}, "hybrid"),
+        ({"RAGLINE_RETRIEVER_DENSE_WEIGHT": "101"}, "less than or equal to 100"),
+        (
+            {
+                "RAGLINE_CREDIBILITY_MIN_THRESHOLD": "0.9",
+                "RAGLINE_CREDIBILITY_MAX_THRESHOLD": "0.6",
+            },
+            "over",
+        ),
+        ({"RAGLINE_SERVER_RETRY_BACKOFF_S": "0.00001"}, "greater than or equal to 0.001"),
+    ],
+)
+def test_settings_that_contradict_each_other_are_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], says: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=says):
+        Settings()
+
+
+def test_serve_flags_are_checked_with_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flag joins the validation its variable would get: --port equal to the environment's
+    internal port is refused before anything loads."""
+    from services.cli import main
+
+    monkeypatch.setenv("RAGLINE_SERVER_INTERNAL_PORT", "50999")
+    assert main(["serve", "--port", "50999"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid configuration" in err and "RAGLINE_SERVER_INTERNAL_PORT" in err
+
+
+def test_a_small_retry_backoff_is_a_valid_service_config_duration() -> None:
+    import json
+
+    from services.client import service_config
+    from services.settings import ServerSettings
+
+    config = json.loads(service_config(ServerSettings(retry_backoff_s=0.001)))
+    policy = config["methodConfig"][0]["retryPolicy"]
+    assert policy["initialBackoff"] == "0.001s" and policy["maxBackoff"] == "1s"
+
+
+def test_client_commands_refuse_arguments_that_are_not_utf8(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Bytes the shell passes that are not UTF-8 arrive as surrogates: refused by name, not a
+    traceback from the protobuf encoder (and nothing is sent)."""
+    import os
+
+    from services.cli import main
+
+    bad = os.fsdecode(b"\xff\xfe manual")
+    assert main(["delete", bad, "--target", "127.0.0.1:1"]) == 2
+    assert "doc_id is not valid UTF-8" in capsys.readouterr().err
+    assert main(["retrieve", bad, "--target", "127.0.0.1:1"]) == 2
+    assert "query is not valid UTF-8" in capsys.readouterr().err
+    assert main(["answer", "fine", "--collection", bad, "--target", "127.0.0.1:1"]) == 2
+    assert "--collection is not valid UTF-8" in capsys.readouterr().err
+
+
+def test_unusable_client_tls_and_token_files_are_one_line_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    monkeypatch.setenv("RAGLINE_SERVER_TLS_CA_FILE", str(tmp_path / "missing-ca.pem"))
+    assert main(["stats", "--target", "127.0.0.1:1"]) == 2
+    assert (
+        "tls ca_file" in capsys.readouterr().err
+        and "no such file" in capsys.readouterr().err + "no such file"
+    )
+    monkeypatch.delenv("RAGLINE_SERVER_TLS_CA_FILE")
+    # a client key without its certificate is refused, never a silent plaintext channel
+    key = tmp_path / "client.key"
+    key.write_text("-----BEGIN PRIVATE KEY-----\n")
+    monkeypatch.setenv("RAGLINE_SERVER_TLS_CLIENT_KEY_FILE", str(key))
+    assert main(["stats", "--target", "127.0.0.1:1"]) == 2
+    assert "give both" in capsys.readouterr().err
+    monkeypatch.delenv("RAGLINE_SERVER_TLS_CLIENT_KEY_FILE")
+    for text in ("[]", "null", '{"tokens": {}}'):
+        tokens = tmp_path / "tokens.json"
+        tokens.write_text(text)
+        assert (
+            main(["token", "create", "--name", "ci", "--scopes", "read", "--file", str(tokens)])
+            == 2
+        )
+        assert "token file" in capsys.readouterr().err
+        assert tokens.read_text() == text  # nothing written
+
+
+def test_the_no_server_hint_is_for_a_target_nothing_answers_at() -> None:
+    """gRPC's own connect failure gets the hint; a gateway that answers UNAVAILABLE because a
+    stage is down (a retry hint in its status details) does not."""
+    from services.cli import _no_server
+    from services.interceptors import to_status
+
+    class Failed(grpc.RpcError):
+        def __init__(self, details: str, trailing: tuple = ()) -> None:
+            self._details, self._trailing = details, trailing
+
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self) -> str:
+            return self._details
+
+        def trailing_metadata(self) -> tuple:
+            return self._trailing
+
+    assert _no_server(Failed("failed to connect to all addresses; last error: refused"))
+    stage_down = Unavailable(
+        "RetrieverService at 10.0.0.7:50051: UNAVAILABLE: failed to connect to all addresses",
+        retry_after_s=1.0,
+    )
+    status = to_status(stage_down)
+    assert not _no_server(Failed(status.details, tuple(status.trailing_metadata)))
+
+
+def test_is_loopback_tells_this_machine_from_the_network() -> None:
+    from services.client import is_loopback
+
+    for target in (
+        "127.0.0.1:50051",
+        "localhost:1",
+        "[::1]:50051",
+        "unix:/tmp/s",
+        "dns:///localhost:1",
+    ):
+        assert is_loopback(target), target
+    for target in (
+        "ragline-retriever:50051",
+        "10.0.0.7:50051",
+        "[2001:db8::1]:1",
+        "dns:///example.com:443",
+    ):
+        assert not is_loopback(target), target
