@@ -406,9 +406,15 @@ class QueryGraphs:
 
     @property
     def query_key(self) -> str:
-        """The model id as query caches key it: with ``+int8q`` where queries are asked to
-        run in int8 (their vectors differ a little from float32 ones)."""
-        return self.model_id + ("+int8q" if self.int8_queries else "")
+        """The model id as query caches key it: with ``+int8q`` where queries run in int8
+        (their vectors differ a little from float32 ones). Asked for int8, it loads the model
+        to know: an int8 graph that failed its check (or the torch path) serves float32, and
+        its entries must not mix with int8 ones of another process sharing the cache."""
+        if not self.int8_queries:
+            return self.model_id
+        self.model  # noqa: B018 (loads it: the query path is chosen then)
+        int8 = self._onnx is not None and self._onnx.int8_queries()
+        return self.model_id + ("+int8q" if int8 else "")
 
     @property
     def query_path(self) -> str:

@@ -231,6 +231,7 @@ def test_int8_dense_queries_run_through_the_checked_quantized_graph(tmp_path: Pa
         # Allowed only without VNNI (7-bit weights): then float32 serves, exactly.
         assert not cpu_has_vnni()
         assert np.array_equal(fast.encode_query(QUERIES[0]), exact.encode_query(QUERIES[0]))
+        assert fast.query_key == PACKAGED_MINILM  # cached as the float32 queries they are
         pytest.skip("MiniLM's int8 graph fails its check on this CPU: float32 serves (checked)")
     assert fast.query_key == PACKAGED_MINILM + "+int8q" and exact.query_key == PACKAGED_MINILM
     mine = np.stack([fast.encode_query(q) for q in QUERIES[:2]])
@@ -252,6 +253,9 @@ def test_int8_splade_queries_keep_the_strongest_terms(tmp_path: Path) -> None:
     assert sparse._onnx is not None and sparse._onnx.int8_ok is True  # passes on AVX2 too
     assert sparse.query_key.endswith("+int8q")
     assert got != ref
+    # asked for int8 where queries run on torch: float32 serves, and is keyed so
+    on_torch = SpladeEncoder(PACKAGED_SPLADE, threads=2, query_runtime="torch", int8_queries=True)
+    assert on_torch.query_key == PACKAGED_SPLADE and on_torch.query_path == "torch"
     dense_got = np.zeros(sparse.vocab_size, dtype=np.float32)
     dense_ref = np.zeros_like(dense_got)
     dense_got[list(got.indices)], dense_ref[list(ref.indices)] = got.values, ref.values
