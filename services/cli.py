@@ -338,52 +338,38 @@ def _count(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def _number(text: str) -> float:
-    """A finite number written in ASCII (float() also reads other scripts' digits, "inf" and
-    "nan")."""
+def _ascii_float(text: str) -> float:
+    """A number written in ASCII (float() also reads other scripts' digits)."""
     try:
         if not text.isascii():
             raise ValueError(text)
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
 
 
-def _seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    value = _number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
-    return value
+def _number(ok: Callable[[float], bool], bound: str) -> Callable[[str], float]:
+    """An argparse type: a finite number for which ``ok`` holds (else "must be ``bound``")."""
+
+    def parse(text: str) -> float:
+        value = _ascii_float(text)
+        if not math.isfinite(value):  # "inf", "nan"
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{text} must be {bound}")
+        return value
+
+    return parse
 
 
-def _share(text: str) -> float:
-    """An argparse type: a share in [0, 1]."""
-    value = _number(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} must be in [0, 1]")
-    return value
-
-
-def _positive(text: str) -> float:
-    """An argparse type: a finite number above 0."""
-    value = _number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be more than 0")
-    return value
+_seconds = _number(lambda v: v > 0, "more than 0 seconds")
+_share = _number(lambda v: 0 <= v <= 1, "in [0, 1]")
+_positive = _number(lambda v: v > 0, "more than 0")
 
 
 def _threshold(text: str) -> float:
     """An argparse type: 0 (the server's threshold) or a probability below 1."""
-    try:
-        if not text.isascii():
-            raise ValueError(text)
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _ascii_float(text)
     if not (value == 0 or 0 < value < 1):  # NaN fails both
         raise argparse.ArgumentTypeError(f"{text} must be 0 (the server's) or in (0, 1)")
     return value

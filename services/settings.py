@@ -23,6 +23,16 @@ from ingest.pdf import PdfLimits
 from retriever.models import DEVICE_PATTERN, PACKAGED_MINILM, PACKAGED_SPLADE, resolve_splade
 
 
+def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
+    """Two settings that bound a range from below and above, in order (names after
+    ``RAGLINE_``; the second without its section's prefix)."""
+    if low > high:
+        section = low_name.split("_", 1)[0]
+        raise ValueError(
+            f"RAGLINE_{low_name} ({low:g}) is over RAGLINE_{section}_{high_name} ({high:g})"
+        )
+
+
 class ServerSettings(BaseSettings):
     """The gRPC front (``ragline serve``) and the clients' default target."""
 
@@ -405,11 +415,7 @@ class RetrieverSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> RetrieverSettings:
-        if self.default_k > self.max_k:
-            raise ValueError(
-                f"RAGLINE_RETRIEVER_DEFAULT_K ({self.default_k}) is over "
-                f"RAGLINE_RETRIEVER_MAX_K ({self.max_k})"
-            )
+        _not_over("RETRIEVER_DEFAULT_K", self.default_k, "MAX_K", self.max_k)
         if self.mode == "hybrid" and self.sparse_weight + self.dense_weight <= 0:
             raise ValueError(
                 "RAGLINE_RETRIEVER_MODE=hybrid needs a positive SPARSE_WEIGHT or DENSE_WEIGHT"
@@ -457,15 +463,6 @@ class CredibilitySettings(BaseSettings):
         0.99, gt=0, lt=1, description="Highest per-request threshold override accepted."
     )
 
-    @model_validator(mode="after")
-    def _bounds_in_order(self) -> CredibilitySettings:
-        if self.min_threshold > self.max_threshold:
-            raise ValueError(
-                f"RAGLINE_CREDIBILITY_MIN_THRESHOLD ({self.min_threshold:g}) is over "
-                f"RAGLINE_CREDIBILITY_MAX_THRESHOLD ({self.max_threshold:g})"
-            )
-        return self
-
     max_length: int = Field(
         192, ge=32, le=512, description="Tokens per (query, passage) pair; the query is kept whole."
     )
@@ -494,6 +491,13 @@ class CredibilitySettings(BaseSettings):
         description="Minimum SPLADE score for a passage to count as evidence. On the R manuals "
         "on-topic questions score 14-30, off-topic ones 4-7.",
     )
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> CredibilitySettings:
+        _not_over(
+            "CREDIBILITY_MIN_THRESHOLD", self.min_threshold, "MAX_THRESHOLD", self.max_threshold
+        )
+        return self
 
 
 class GeneratorSettings(BaseSettings):
