@@ -268,7 +268,12 @@ def _store(
     except Exception as exc:  # the sink rolled back: this document fails, the batch goes on
         if not isinstance(exc, RaglineError):
             logger.exception("writing %s to the index failed", name)
-        reason = exc.message if isinstance(exc, RaglineError) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, RaglineError):
+            reason = exc.message
+        elif isinstance(exc, OSError) and exc.strerror:  # its reason, not the server's paths
+            reason = f"{type(exc).__name__}: {exc.strerror}"
+        else:
+            reason = f"{type(exc).__name__}: {exc}"
         return FileResult(name, parsed.doc_id, "failed", reason=f"index write failed: {reason}")
     return FileResult(
         name,

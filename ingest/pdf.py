@@ -442,6 +442,12 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
     texts = tuple(
         clean_page_text(body_text(b, h, running)) for b, h in zip(pages, heights, strict=True)
     )
+    if not any(texts) and running:
+        # Every line was a "running" margin line: short, same-shaped one-line pages (a run of
+        # invoices, a slide deck's titles) are the document itself, not its headers.
+        texts = tuple(
+            clean_page_text(body_text(b, h, set())) for b, h in zip(pages, heights, strict=True)
+        )
     quality = tuple(
         text_quality(CODE_MARK_RE.sub("", TABLE_MARK_RE.sub(lambda m: table_text[m.group(0)], t)))
         for t in texts

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from services.settings import Settings, describe_settings
+from services.settings import MAX_DEADLINE_S, Settings, describe_settings
 
 # OpenMP threads that spin while waiting steal the other core from the event loop, Redis and
 # gRPC: measured MiniLM query p50 116-492 ms spinning vs 15-23 ms passive on 2 busy cores.
@@ -320,7 +320,11 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(low: int, high: int | None = None) -> Callable[[str], int]:
+INT32_MAX = 2**31 - 1
+"""Largest count a flag takes (the protos' int32; far past any limit a server sets)."""
+
+
+def _count(low: int, high: int = INT32_MAX) -> Callable[[str], int]:
     """An argparse type: a whole number in ``[low, high]`` (a clear usage error otherwise)."""
 
     def parse(text: str) -> int:
@@ -330,8 +334,11 @@ def _count(low: int, high: int | None = None) -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < low or (high is not None and value > high):
-            bound = f"in [{low}, {high}]" if high is not None else f"at least {low}"
+        if value < low or value > high:
+            if high != INT32_MAX:
+                bound = f"in [{low}, {high}]"
+            else:
+                bound = f"at least {low}" if value < low else f"at most {high}"
             raise argparse.ArgumentTypeError(f"{value} must be {bound}")
         return value
 
@@ -362,7 +369,9 @@ def _number(ok: Callable[[float], bool], bound: str) -> Callable[[str], float]:
     return parse
 
 
-_seconds = _number(lambda v: v > 0, "more than 0 seconds")
+_seconds = _number(
+    lambda v: 0 < v <= MAX_DEADLINE_S, f"more than 0 seconds and at most {MAX_DEADLINE_S:g}"
+)
 _share = _number(lambda v: 0 <= v <= 1, "in [0, 1]")
 _positive = _number(lambda v: v > 0, "more than 0")
 
@@ -575,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workers",
-        type=_count(0),
+        type=_count(0, 256),
         help="parser processes (default: RAGLINE_INGEST_WORKERS, 1; 0 = in this process)",
     )
     p.add_argument(
@@ -599,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--encode-actors",
-        type=_count(1),
+        type=_count(1, 256),
         default=1,
         help="with --engine ray: encoder actors (each loads the models once; default 1)",
     )
@@ -890,7 +899,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("delete", help="remove a document's chunks from the index")
-    p.add_argument("doc_id", help="document id (the file name without .pdf)")
+    p.add_argument(
+        "doc_id",
+        help="document id (the file name without .pdf; one starting with '-' goes after "
+        "`--`: ragline delete -- -draft)",
+    )
     p.add_argument("--collection", default="", help="only from this collection")
     _client_args(p)
     p.set_defaults(func=cmd_delete)

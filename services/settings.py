@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from generator.models import (
@@ -21,6 +21,10 @@ from generator.models import (
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits
 from retriever.models import DEVICE_PATTERN, PACKAGED_MINILM, PACKAGED_SPLADE, resolve_splade
+
+MAX_DEADLINE_S = 7 * 86400.0
+"""The longest deadline a setting or the CLI may give (gRPC's deadlines overflow far past it)."""
+MIN_WORKER_MEMORY_MIB = 512
 
 
 def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
@@ -36,12 +40,17 @@ def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
 class ServerSettings(BaseSettings):
     """The gRPC front (``ragline serve``) and the clients' default target."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_SERVER_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_SERVER_", allow_inf_nan=False)
 
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(50051, ge=0, le=65535, description="Port to bind (0 = any free port).")
-    target: str = Field("127.0.0.1:50051", description="Where the CLI clients connect.")
-    grace_s: float = Field(5.0, ge=0, description="Graceful-shutdown window on SIGTERM.")
+    target: str = Field(
+        "127.0.0.1:50051",
+        min_length=1,
+        pattern=r"^\S+$",
+        description="Where the CLI clients connect.",
+    )
+    grace_s: float = Field(5.0, ge=0, le=3600, description="Graceful-shutdown window on SIGTERM.")
     max_concurrent_rpcs: int = Field(
         64,
         ge=1,
@@ -106,7 +115,9 @@ class ServerSettings(BaseSettings):
     )
     tls_client_key_file: Path | None = Field(None, description="Clients: own private key.")
     token: str = Field(
-        "", description="Clients (the CLI, a gateway calling a remote stage): bearer token sent."
+        "",
+        pattern=r"^[!-~]*$",  # printable ASCII, no spaces: it travels as an HTTP/2 header
+        description="Clients (the CLI, a gateway calling a remote stage): bearer token sent.",
     )
     expose_paths: bool = Field(
         False,
@@ -116,6 +127,7 @@ class ServerSettings(BaseSettings):
     reload_interval_s: float = Field(
         2.0,
         ge=0,
+        le=86400,
         description="How often the server checks the index's CURRENT for a generation written "
         "by another process (`ragline ingest`) and loads it (0 = never).",
     )
@@ -138,15 +150,20 @@ class ServerSettings(BaseSettings):
     default_deadline_s: float = Field(
         30.0,
         gt=0,
+        le=MAX_DEADLINE_S,
         description="Deadline of an RPC whose caller set none (Retrieve, Search, Score, Expand, "
         "GetStats, DeleteDocument): no request runs unbounded.",
     )
     answer_deadline_s: float = Field(
-        120.0, gt=0, description="The same for Answer, AnswerStream, Generate, GenerateStream."
+        120.0,
+        gt=0,
+        le=MAX_DEADLINE_S,
+        description="The same for Answer, AnswerStream, Generate, GenerateStream.",
     )
     ingest_deadline_s: float = Field(
         3600.0,
         gt=0,
+        le=MAX_DEADLINE_S,
         description="The same for Ingest (an ingest whose caller went away still completes: "
         "documents land whole).",
     )
@@ -204,7 +221,7 @@ class ServerSettings(BaseSettings):
 
 
 class IngestSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_INGEST_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_INGEST_", allow_inf_nan=False)
 
     target_tokens: int = Field(
         256,
@@ -237,7 +254,7 @@ class IngestSettings(BaseSettings):
         300,
         ge=0,
         description="Pages of one document OCR'd at most (seconds each on a CPU); image-only "
-        "pages past it are left out and named in the report.",
+        "pages past it are left out (named in `ragline ingest`'s report).",
     )
     allow_javascript: bool = Field(False, description="Ingest PDFs that carry JavaScript.")
     max_stream_mib: int = Field(
@@ -247,8 +264,20 @@ class IngestSettings(BaseSettings):
         1, ge=0, description="Parser processes for batch ingest (0 = parse in the main process)."
     )
     worker_memory_mib: int = Field(
-        4096, ge=0, description="Address-space cap per parser process (0 = none)."
+        4096,
+        description="Address-space cap per parser process (0 = none; else at least "
+        f"{MIN_WORKER_MEMORY_MIB}: a parser loads its libraries under it).",
     )
+
+    @field_validator("worker_memory_mib")
+    @classmethod
+    def _room_to_load(cls, value: int) -> int:
+        if value != 0 and value < MIN_WORKER_MEMORY_MIB:
+            raise ValueError(
+                f"must be 0 (no cap) or at least {MIN_WORKER_MEMORY_MIB} MiB (the parser's "
+                f"libraries alone take more), got {value}"
+            )
+        return value
 
     def chunker(self, splade_model: str) -> ChunkerConfig:
         """Windows in tokens of the SPLADE model's tokenizer, when it has a tokenizer.json
@@ -278,7 +307,7 @@ class IngestSettings(BaseSettings):
 
 
 class RetrieverSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_RETRIEVER_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_RETRIEVER_", allow_inf_nan=False)
 
     index_dir: Path = Field(Path("var/index"), description="Where index snapshots live.")
     splade_model: str = Field(
@@ -413,6 +442,13 @@ class RetrieverSettings(BaseSettings):
     max_k: int = Field(100, ge=1, description="Largest k a request may ask for.")
     max_query_chars: int = Field(2000, ge=1, description="Longer queries are INVALID_ARGUMENT.")
 
+    @field_validator("index_dir")
+    @classmethod
+    def _a_folder(cls, value: Path) -> Path:
+        if value.exists() and not value.is_dir():
+            raise ValueError(f"{value} exists and is not a folder")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> RetrieverSettings:
         _not_over("RETRIEVER_DEFAULT_K", self.default_k, "MAX_K", self.max_k)
@@ -424,7 +460,7 @@ class RetrieverSettings(BaseSettings):
 
 
 class CacheSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_CACHE_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_CACHE_", allow_inf_nan=False)
 
     enabled: bool = Field(True, description="Off switch for the Redis query cache.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis to cache in.")
@@ -439,7 +475,7 @@ class CacheSettings(BaseSettings):
 
 
 class CredibilitySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_CREDIBILITY_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_CREDIBILITY_", allow_inf_nan=False)
 
     backend: Literal["auto", "classifier", "score_floor"] = Field(
         "auto",
@@ -501,7 +537,7 @@ class CredibilitySettings(BaseSettings):
 
 
 class GeneratorSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_GENERATOR_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_GENERATOR_", allow_inf_nan=False)
 
     backend: Literal["auto", "transformers", "vllm", "openai", "llamacpp"] = Field(
         "auto",
@@ -721,7 +757,7 @@ class GeneratorSettings(BaseSettings):
 
 
 class GraphSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_GRAPH_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_GRAPH_", allow_inf_nan=False)
 
     enabled: bool = Field(
         True,
@@ -780,7 +816,7 @@ class StagesSettings(BaseSettings):
     """Where the gateway role (and the graph role, for its searches) finds the stage services;
     the credibility service is ``RAGLINE_CREDIBILITY_ADDRESS``."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_STAGES_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_STAGES_", allow_inf_nan=False)
 
     retriever_address: str = Field(
         "", description="host:port of the retriever role (RetrieverService + IndexService)."
@@ -801,7 +837,7 @@ class StagesSettings(BaseSettings):
 class TracingSettings(BaseSettings):
     """OpenTelemetry tracing across the stage hops (the ``[otel]`` extra)."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_TRACING_")
+    model_config = SettingsConfigDict(env_prefix="RAGLINE_TRACING_", allow_inf_nan=False)
 
     exporter: Literal["none", "otlp", "file"] = Field(
         "none",

@@ -362,3 +362,14 @@ def test_decompression_bomb_is_refused_before_reading_pages(tmp_path: Path) -> N
     # under a higher cap the same file is just a big page
     doc = parse_document(path.read_bytes(), path.name, limits=PdfLimits(max_stream_bytes=2**30))
     assert doc.pages == 1
+
+
+def test_a_document_of_same_shaped_one_line_pages_is_its_own_text(tmp_path: Path) -> None:
+    """One short line a page, near the top, the same but for its numbers: the running-header
+    rule would take every line for a header; the document is those lines instead."""
+    from tests.conftest import write_pdf
+
+    lines = [f"Receipt 77-{i:03d}: paid 1{i}9.50 NOK for widget lot {i}." for i in range(6)]
+    path = write_pdf(tmp_path / "receipts.pdf", lines)
+    doc = read_pdf(path.read_bytes(), path.name)
+    assert [page.strip() for page in doc.pages] == lines and not doc.flagged

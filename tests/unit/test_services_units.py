@@ -172,9 +172,12 @@ def test_a_stage_role_without_its_addresses_is_refused_before_serving() -> None:
         (["stats", "--timeout", "inf"], "is not a finite number"),
         (["stats", "--timeout", "nan"], "is not a finite number"),
         (["stats", "--timeout", "-5"], "must be more than 0 seconds"),
+        (["stats", "--timeout", "1e10"], "at most 604800"),  # gRPC's deadline would overflow
+        (["retrieve", "q", "-k", "99999999999999999999"], "must be at most 2147483647"),
+        (["ingest", "x.pdf", "--workers", "99999999999"], "must be in [0, 256]"),
         (["retrieve", "q", "--timeout", "0"], "must be more than 0 seconds"),
-        (["ingest", "x.pdf", "--workers", "-1"], "must be at least 0"),
-        (["ingest", "x.pdf", "--encode-actors", "0"], "must be at least 1"),
+        (["ingest", "x.pdf", "--workers", "-1"], "must be in [0, 256]"),
+        (["ingest", "x.pdf", "--encode-actors", "0"], "must be in [1, 256]"),
         (["credibility", "train", "--epochs", "0"], "must be at least 1"),
         (["credibility", "train", "--word-dropout", "1.5"], "must be in [0, 1]"),
         (["credibility", "train", "--learning-rate", "0"], "must be more than 0"),
@@ -208,6 +211,14 @@ def test_flags_out_of_range_are_usage_errors(
             "over",
         ),
         ({"RAGLINE_SERVER_RETRY_BACKOFF_S": "0.00001"}, "greater than or equal to 0.001"),
+        ({"RAGLINE_SERVER_DEFAULT_DEADLINE_S": "inf"}, "finite number"),
+        ({"RAGLINE_SERVER_GRACE_S": "inf"}, "finite number"),
+        ({"RAGLINE_SERVER_INGEST_DEADLINE_S": "1e12"}, "less than or equal to 604800"),
+        ({"RAGLINE_SERVER_TOKEN": "a b"}, "should match pattern"),
+        ({"RAGLINE_SERVER_TOKEN": "caf\u00e9"}, "should match pattern"),
+        ({"RAGLINE_SERVER_TARGET": ""}, "at least 1 character"),
+        ({"RAGLINE_INGEST_WORKER_MEMORY_MIB": "1"}, "at least 512 MiB"),
+        ({"RAGLINE_RETRIEVER_INDEX_DIR": __file__}, "is not a folder"),
     ],
 )
 def test_settings_that_contradict_each_other_are_refused_by_name(
@@ -268,10 +279,8 @@ def test_unusable_client_tls_and_token_files_are_one_line_errors(
 
     monkeypatch.setenv("RAGLINE_SERVER_TLS_CA_FILE", str(tmp_path / "missing-ca.pem"))
     assert main(["stats", "--target", "127.0.0.1:1"]) == 2
-    assert (
-        "tls ca_file" in capsys.readouterr().err
-        and "no such file" in capsys.readouterr().err + "no such file"
-    )
+    err = capsys.readouterr().err
+    assert "tls ca_file" in err and "no such file" in err
     monkeypatch.delenv("RAGLINE_SERVER_TLS_CA_FILE")
     # a client key without its certificate is refused, never a silent plaintext channel
     key = tmp_path / "client.key"
