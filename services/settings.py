@@ -40,7 +40,9 @@ def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
 class ServerSettings(BaseSettings):
     """The gRPC front (``ragline serve``) and the clients' default target."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_SERVER_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_SERVER_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(50051, ge=0, le=65535, description="Port to bind (0 = any free port).")
@@ -221,7 +223,9 @@ class ServerSettings(BaseSettings):
 
 
 class IngestSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_INGEST_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_INGEST_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     target_tokens: int = Field(
         256,
@@ -307,7 +311,9 @@ class IngestSettings(BaseSettings):
 
 
 class RetrieverSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_RETRIEVER_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_RETRIEVER_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     index_dir: Path = Field(Path("var/index"), description="Where index snapshots live.")
     splade_model: str = Field(
@@ -460,7 +466,9 @@ class RetrieverSettings(BaseSettings):
 
 
 class CacheSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_CACHE_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_CACHE_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     enabled: bool = Field(True, description="Off switch for the Redis query cache.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis to cache in.")
@@ -475,7 +483,9 @@ class CacheSettings(BaseSettings):
 
 
 class CredibilitySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_CREDIBILITY_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_CREDIBILITY_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     backend: Literal["auto", "classifier", "score_floor"] = Field(
         "auto",
@@ -537,7 +547,9 @@ class CredibilitySettings(BaseSettings):
 
 
 class GeneratorSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_GENERATOR_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_GENERATOR_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     backend: Literal["auto", "transformers", "vllm", "openai", "llamacpp"] = Field(
         "auto",
@@ -757,7 +769,9 @@ class GeneratorSettings(BaseSettings):
 
 
 class GraphSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_GRAPH_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_GRAPH_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     enabled: bool = Field(
         True,
@@ -816,7 +830,9 @@ class StagesSettings(BaseSettings):
     """Where the gateway role (and the graph role, for its searches) finds the stage services;
     the credibility service is ``RAGLINE_CREDIBILITY_ADDRESS``."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_STAGES_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_STAGES_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     retriever_address: str = Field(
         "", description="host:port of the retriever role (RetrieverService + IndexService)."
@@ -837,7 +853,9 @@ class StagesSettings(BaseSettings):
 class TracingSettings(BaseSettings):
     """OpenTelemetry tracing across the stage hops (the ``[otel]`` extra)."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGLINE_TRACING_", allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGLINE_TRACING_", allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     exporter: Literal["none", "otlp", "file"] = Field(
         "none",

@@ -346,3 +346,14 @@ def test_is_loopback_tells_this_machine_from_the_network() -> None:
         "dns:///example.com:443",
     ):
         assert not is_loopback(target), target
+
+
+def test_a_refused_token_is_not_echoed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    monkeypatch.setenv("RAGLINE_SERVER_TOKEN", "s3cret with a space")
+    assert main(["stats"]) == 2
+    err = capsys.readouterr().err
+    assert "RAGLINE_*" in err and "token" in err and "s3cret" not in err
