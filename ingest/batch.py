@@ -408,6 +408,17 @@ def _still_exists(stored: str) -> bool:
     return os.path.exists(raw)
 
 
+def parser_pool(workers: int, memory_limit_mb: int) -> ProcessPoolExecutor:
+    """Worker processes for parsing: spawned (no inherited threads or model state), each
+    capped at ``memory_limit_mb`` of address space and dying with its parent."""
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_limit_memory,
+        initargs=(memory_limit_mb,),
+    )
+
+
 def _limit_memory(megabytes: int) -> None:
     """Worker initializer: cap the address space so one pathological file fails alone, and
     die with the parent (a killed ``ragline ingest`` must not leave its workers behind)."""
@@ -485,12 +496,7 @@ class UploadParsers:
     def _pool(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ProcessPoolExecutor(
-                    self.workers,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_limit_memory,
-                    initargs=(self.memory_limit_mb,),
-                )
+                self._executor = parser_pool(self.workers, self.memory_limit_mb)
             return self._executor
 
     def __call__(
@@ -523,10 +529,8 @@ class UploadParsers:
         executor.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        if self._executor is not None:
+            self._discard(self._executor)
 
 
 ParseEngine = Callable[
@@ -702,12 +706,9 @@ def _parse_in_workers(
     it.) A worker that dies (over its memory limit, or a crash in the PDF library) breaks the
     pool: the documents in flight are then retried one at a time in fresh pools, so only the
     one that kills a worker on its own is reported failed."""
-    context = multiprocessing.get_context("spawn")
 
     def pool(size: int) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            size, mp_context=context, initializer=_limit_memory, initargs=(memory_limit_mb,)
-        )
+        return parser_pool(size, memory_limit_mb)
 
     executor = pool(workers)
     pending: dict[Future[Parsed | str], _Job] = {}

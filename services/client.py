@@ -75,11 +75,8 @@ def channel_options(server: ServerSettings) -> list[tuple[str, Any]]:
 
 def _credentials(server: ServerSettings) -> grpc.ChannelCredentials | None:
     """TLS credentials when a CA (or a client certificate) is configured, else None."""
-    if (server.tls_ca_file, server.tls_client_cert_file, server.tls_client_key_file) == (
-        None,
-        None,
-        None,
-    ):
+    files = (server.tls_ca_file, server.tls_client_cert_file, server.tls_client_key_file)
+    if all(f is None for f in files):
         return None  # a lone client key is refused below, not ignored for a plaintext channel
     return channel_credentials(
         server.tls_ca_file, server.tls_client_cert_file, server.tls_client_key_file

@@ -27,6 +27,12 @@ MAX_DEADLINE_S = 7 * 86400.0
 MIN_WORKER_MEMORY_MIB = 512
 
 
+def _section(prefix: str) -> SettingsConfigDict:
+    """A settings section read from ``prefix``* variables: finite numbers only, and errors
+    that name the variable and the rule but never echo the value (it may be a secret)."""
+    return SettingsConfigDict(env_prefix=prefix, allow_inf_nan=False, hide_input_in_errors=True)
+
+
 def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
     """Two settings that bound a range from below and above, in order (names after
     ``RAGLINE_``; the second without its section's prefix)."""
@@ -40,9 +46,7 @@ def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
 class ServerSettings(BaseSettings):
     """The gRPC front (``ragline serve``) and the clients' default target."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_SERVER_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_SERVER_")
 
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(50051, ge=0, le=65535, description="Port to bind (0 = any free port).")
@@ -208,8 +212,11 @@ class ServerSettings(BaseSettings):
     @model_validator(mode="after")
     def _ports_apart(self) -> ServerSettings:
         """The public, internal and metrics ports are three ports (0 = any free one)."""
-        named = [("PORT", self.port), ("INTERNAL_PORT", self.internal_port)]
-        named.append(("METRICS_PORT", self.metrics_port))
+        named = (
+            ("PORT", self.port),
+            ("INTERNAL_PORT", self.internal_port),
+            ("METRICS_PORT", self.metrics_port),
+        )
         taken: dict[int, str] = {}
         for name, port in named:
             if port:
@@ -223,9 +230,7 @@ class ServerSettings(BaseSettings):
 
 
 class IngestSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_INGEST_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_INGEST_")
 
     target_tokens: int = Field(
         256,
@@ -311,9 +316,7 @@ class IngestSettings(BaseSettings):
 
 
 class RetrieverSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_RETRIEVER_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_RETRIEVER_")
 
     index_dir: Path = Field(Path("var/index"), description="Where index snapshots live.")
     splade_model: str = Field(
@@ -466,9 +469,7 @@ class RetrieverSettings(BaseSettings):
 
 
 class CacheSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_CACHE_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_CACHE_")
 
     enabled: bool = Field(True, description="Off switch for the Redis query cache.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis to cache in.")
@@ -483,9 +484,7 @@ class CacheSettings(BaseSettings):
 
 
 class CredibilitySettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_CREDIBILITY_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_CREDIBILITY_")
 
     backend: Literal["auto", "classifier", "score_floor"] = Field(
         "auto",
@@ -547,9 +546,7 @@ class CredibilitySettings(BaseSettings):
 
 
 class GeneratorSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_GENERATOR_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_GENERATOR_")
 
     backend: Literal["auto", "transformers", "vllm", "openai", "llamacpp"] = Field(
         "auto",
@@ -769,9 +766,7 @@ class GeneratorSettings(BaseSettings):
 
 
 class GraphSettings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_GRAPH_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_GRAPH_")
 
     enabled: bool = Field(
         True,
@@ -830,9 +825,7 @@ class StagesSettings(BaseSettings):
     """Where the gateway role (and the graph role, for its searches) finds the stage services;
     the credibility service is ``RAGLINE_CREDIBILITY_ADDRESS``."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_STAGES_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_STAGES_")
 
     retriever_address: str = Field(
         "", description="host:port of the retriever role (RetrieverService + IndexService)."
@@ -853,9 +846,7 @@ class StagesSettings(BaseSettings):
 class TracingSettings(BaseSettings):
     """OpenTelemetry tracing across the stage hops (the ``[otel]`` extra)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="RAGLINE_TRACING_", allow_inf_nan=False, hide_input_in_errors=True
-    )
+    model_config = _section("RAGLINE_TRACING_")
 
     exporter: Literal["none", "otlp", "file"] = Field(
         "none",
