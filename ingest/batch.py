@@ -473,19 +473,53 @@ def parse_upload(
         return f"parser error: {type(exc).__name__}: {exc}"
 
 
+def _bounded(task: Callable[..., Parsed | str], seconds: float, *args: object) -> Parsed | str:
+    """Run a parse task in a worker process that ``SIGALRM`` ends after ``seconds`` (0: no
+    bound). The signal's default action kills the process, so even a parse stuck in the PDF
+    library's C code (where no Python exception reaches) ends; the pool reports the worker
+    dead and the caller names the timeout (:func:`_died`). Never call it in the server's
+    own process."""
+    import signal
+
+    if seconds > 0:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return task(*args)
+    finally:
+        if seconds > 0:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _timeout_of(limits: PdfLimits | None) -> float:
+    return (limits or PdfLimits()).parse_timeout_s
+
+
+def _died(limits: PdfLimits | None, started: float, memory_limit_mb: int) -> str:
+    """Why a worker died on a document that started parsing at ``started`` (monotonic): past
+    the parse timeout it was the timeout's alarm; else memory or the PDF library."""
+    timeout = _timeout_of(limits)
+    if timeout > 0 and time.monotonic() - started >= timeout:
+        return (
+            f"parsing took longer than {timeout:g} s (RAGLINE_INGEST_PARSE_TIMEOUT_S): "
+            "the parser process was stopped"
+        )
+    return (
+        f"the parser process died reading it (over its {memory_limit_mb} MiB memory limit, "
+        "RAGLINE_INGEST_WORKER_MEMORY_MIB, or a crash in the PDF library)"
+    )
+
+
 ParseFn = Callable[[str, ChunkerConfig | None, PdfLimits | None, str], Parsed | str]
 UploadParseFn = Callable[[bytes, str, ChunkerConfig | None, PdfLimits | None, str], Parsed | str]
-
-WORKER_DIED = (
-    "the parser process died reading it (over the worker memory limit, "
-    "RAGLINE_INGEST_WORKER_MEMORY_MIB, or a crash in the PDF library)"
-)
 
 
 class UploadParsers:
     """Worker processes that parse uploaded documents, as the batch job's parse files: a PDF
     that exhausts memory or crashes the PDF library fails alone, and the server that received
-    it goes on. The pool starts on the first upload and is replaced after a worker dies."""
+    it goes on; one that parses longer than ``PdfLimits.parse_timeout_s`` is stopped, so a
+    stuck parse cannot hold the index's writers. The pool starts on the first upload and is
+    replaced after a worker dies."""
 
     def __init__(self, workers: int = 1, memory_limit_mb: int = 4096) -> None:
         self.workers = max(1, workers)
@@ -508,10 +542,20 @@ class UploadParsers:
         collection: str,
     ) -> Parsed | str:
         """Parse in a worker (blocking: call from a thread): the document, or why not."""
+        started = time.monotonic()
         for _ in range(2):
             executor = self._pool()
             try:
-                future = executor.submit(parse_upload, data, name, chunker, limits, collection)
+                future = executor.submit(
+                    _bounded,
+                    parse_upload,
+                    _timeout_of(limits),
+                    data,
+                    name,
+                    chunker,
+                    limits,
+                    collection,
+                )
             except BrokenProcessPool:  # a worker died before this document: a fresh pool
                 self._discard(executor)
                 continue
@@ -519,8 +563,8 @@ class UploadParsers:
                 return future.result()
             except BrokenProcessPool:  # it died reading this document
                 self._discard(executor)
-                return WORKER_DIED
-        return WORKER_DIED
+                break
+        return _died(limits, started, self.memory_limit_mb)
 
     def _discard(self, executor: ProcessPoolExecutor) -> None:
         with self._lock:
@@ -718,7 +762,15 @@ def _parse_in_workers(
             try:
                 while queue and len(pending) < 2 * workers:
                     job = queue[0]
-                    future = executor.submit(parse, str(job.path), chunker, limits, collection)
+                    future = executor.submit(
+                        _bounded,
+                        parse,
+                        _timeout_of(limits),
+                        str(job.path),
+                        chunker,
+                        limits,
+                        collection,
+                    )
                     pending[future] = queue.popleft()
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -753,11 +805,11 @@ def _parse_alone(
     memory_limit_mb: int,
     pool: Callable[[int], ProcessPoolExecutor],
 ) -> Parsed | str:
+    started = time.monotonic()
     with pool(1) as solo:
         try:
-            return solo.submit(parse, str(job.path), chunker, limits, collection).result()
+            return solo.submit(
+                _bounded, parse, _timeout_of(limits), str(job.path), chunker, limits, collection
+            ).result()
         except BrokenProcessPool:
-            return (
-                f"the parser process died (over its {memory_limit_mb} MiB memory limit, "
-                "or a crash in the PDF library)"
-            )
+            return _died(limits, started, memory_limit_mb)

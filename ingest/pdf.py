@@ -65,6 +65,10 @@ class PdfLimits:
     """A PDF carrying JavaScript is refused unless this is set."""
     max_stream_bytes: int = 256 * 1024 * 1024
     """A Flate stream inflating past this is a decompression bomb, and the file is refused."""
+    parse_timeout_s: float = 1800.0
+    """Seconds one document may take to parse in a worker process (0: no bound); a parse
+    past it (stuck inside the PDF library, say) ends its worker and the file fails. Parsing in
+    the calling process (0 workers) is not bounded."""
 
 
 TABLE_MARK = "[[ragline-table-{}]]"

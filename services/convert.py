@@ -279,6 +279,9 @@ def file_result_to_pb(result: FileResult) -> ragline_pb2.IngestFileResult:
         reason=result.reason,
         pages=result.pages,
         chunks=result.chunks,
+        tables=result.tables,
+        ocr_pages=result.ocr_pages,
+        pages_left_out=result.flag_reasons,
     )
 
 
@@ -299,6 +302,9 @@ def ingest_from_pb(pb: ragline_pb2.IngestResponse) -> tuple[IngestReport, IndexI
             reason=r.reason,
             pages=r.pages,
             chunks=r.chunks,
+            flag_reasons=dict(sorted(r.pages_left_out.items())),
+            tables=r.tables,
+            ocr_pages=tuple(r.ocr_pages),
         )
         for r in pb.results
     ]

@@ -272,6 +272,14 @@ class IngestSettings(BaseSettings):
     workers: int = Field(
         1, ge=0, description="Parser processes for batch ingest (0 = parse in the main process)."
     )
+    parse_timeout_s: float = Field(
+        1800.0,
+        ge=0,
+        le=MAX_DEADLINE_S,
+        description="Seconds one document may take to parse in a worker process (0 = no "
+        "bound): past it the worker is stopped and the file fails, so a PDF that stalls the "
+        "parser cannot hold the index's writers. With 0 workers parsing is not bounded.",
+    )
     worker_memory_mib: int = Field(
         4096,
         description="Address-space cap per parser process (0 = none; else at least "
@@ -312,6 +320,7 @@ class IngestSettings(BaseSettings):
             max_ocr_pages=self.max_ocr_pages,
             allow_javascript=self.allow_javascript,
             max_stream_bytes=self.max_stream_mib * 1024 * 1024,
+            parse_timeout_s=self.parse_timeout_s,
         )
 
 

@@ -29,7 +29,7 @@ class IngestRequest(_message.Message):
     def __init__(self, paths: _Optional[_Iterable[str]] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., collection: _Optional[str] = ..., replace_other_paths: _Optional[bool] = ...) -> None: ...
 
 class IngestFileResult(_message.Message):
-    __slots__ = ("source", "doc_id", "status", "reason", "pages", "chunks")
+    __slots__ = ("source", "doc_id", "status", "reason", "pages", "chunks", "tables", "ocr_pages", "pages_left_out")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[IngestFileResult.Status]
@@ -42,19 +42,32 @@ class IngestFileResult(_message.Message):
     UNCHANGED: IngestFileResult.Status
     REPLACED: IngestFileResult.Status
     FAILED: IngestFileResult.Status
+    class PagesLeftOutEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    OCR_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGES_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     source: str
     doc_id: str
     status: IngestFileResult.Status
     reason: str
     pages: int
     chunks: int
-    def __init__(self, source: _Optional[str] = ..., doc_id: _Optional[str] = ..., status: _Optional[_Union[IngestFileResult.Status, str]] = ..., reason: _Optional[str] = ..., pages: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+    tables: int
+    ocr_pages: _containers.RepeatedScalarFieldContainer[int]
+    pages_left_out: _containers.ScalarMap[int, str]
+    def __init__(self, source: _Optional[str] = ..., doc_id: _Optional[str] = ..., status: _Optional[_Union[IngestFileResult.Status, str]] = ..., reason: _Optional[str] = ..., pages: _Optional[int] = ..., chunks: _Optional[int] = ..., tables: _Optional[int] = ..., ocr_pages: _Optional[_Iterable[int]] = ..., pages_left_out: _Optional[_Mapping[int, str]] = ...) -> None: ...
 
 class IngestResponse(_message.Message):
     __slots__ = ("results", "index_generation", "chunks_total")

@@ -182,15 +182,27 @@ async def test_unknown_doc_id_is_not_found(channel) -> None:  # type: ignore[no-
 async def test_ingest_reports_bad_files_and_lands_the_rest(channel, tmp_path) -> None:  # type: ignore[no-untyped-def]
     stub = ragline_pb2_grpc.RaglineStub(channel)
     good = write_pdf(tmp_path / "zeta-guide.pdf", ["The zeta widget spins at 9000 rpm."])
+    gappy = write_pdf(
+        tmp_path / "up" / "gappy.pdf",
+        ["The omega lever locks the tray.", "", "Release the omega lever to open it."],
+    )
     response = await stub.Ingest(
         ragline_pb2.IngestRequest(
             paths=[str(good)],
-            documents=[ragline_pb2.Document(name="broken.pdf", content=b"%PDF-1.4 nonsense")],
+            documents=[
+                ragline_pb2.Document(name="broken.pdf", content=b"%PDF-1.4 nonsense"),
+                ragline_pb2.Document(name="gappy.pdf", content=gappy.read_bytes()),
+            ],
         ),
         timeout=60,
     )
     status = {r.doc_id: r for r in response.results}
     assert status["zeta-guide"].status == ragline_pb2.IngestFileResult.INGESTED
+    # the reply names the pages left out, and why, as the CLI's report does
+    assert status["gappy"].status == ragline_pb2.IngestFileResult.INGESTED
+    assert (status["gappy"].pages, list(status["gappy"].pages_left_out)) == (3, [2])
+    assert "text" in status["gappy"].pages_left_out[2]
+    assert not status["zeta-guide"].pages_left_out and not status["zeta-guide"].ocr_pages
     assert status["broken"].status == ragline_pb2.IngestFileResult.FAILED
     assert "corrupt" in status["broken"].reason
     found = await stub.Retrieve(ragline_pb2.RetrieveRequest(query="zeta widget rpm"), timeout=30)
@@ -211,6 +223,7 @@ async def test_ingest_reports_bad_files_and_lands_the_rest(channel, tmp_path) ->
         ragline_pb2.DeleteDocumentRequest(doc_id="zeta-guide"), timeout=30
     )
     assert removed.chunks_removed == 1
+    await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="gappy"), timeout=30)
     stats = await stub.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)
     assert stats.documents == 2 and stats.models["splade"] == "packaged:splade-tiny"
     ingested = (

@@ -186,6 +186,43 @@ def test_a_worker_that_dies_fails_only_its_file(
     assert {c.doc_id for c in index.store.view.chunks} == {"a", "b", "d", "e"}
 
 
+def parse_or_stall(
+    path: str, chunker: ChunkerConfig | None, limits: PdfLimits | None, collection: str
+) -> Parsed | str:
+    """The real parser, except that a file named ``stall*`` never finishes, as a PDF that
+    sends the PDF library into an endless loop would (a C call: no Python exception reaches
+    it)."""
+    if Path(path).name.startswith("stall"):
+        import ctypes
+
+        ctypes.CDLL(None).pause()  # returns only on a signal that has a handler
+    return parse_path(path, chunker, limits, collection)
+
+
+def test_a_stalled_parse_is_stopped_and_fails_only_its_file(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    for name in ("a.pdf", "stall.pdf", "c.pdf"):
+        make_pdf(name, [f"{name}: " + MANUAL_PAGES[0]])
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+    started = time.monotonic()
+    report = run_batch(
+        [tmp_path],
+        index,
+        limits=PdfLimits(parse_timeout_s=2),
+        progress=False,
+        workers=2,
+        parse=parse_or_stall,
+    )
+    statuses = {Path(r.source).name: r.status for r in report.results}
+    assert statuses == {"a.pdf": "ingested", "stall.pdf": "failed", "c.pdf": "ingested"}
+    (stalled,) = (r for r in report.results if r.status == "failed")
+    assert "longer than 2 s" in stalled.reason, stalled
+    assert {c.doc_id for c in index.store.view.chunks} == {"a", "c"}
+    assert time.monotonic() - started < 60  # not the hour the stalled parse would take
+
+
 def parse_big_slowly(
     path: str, chunker: ChunkerConfig | None, limits: PdfLimits | None, collection: str
 ) -> Parsed | str:
@@ -304,7 +341,7 @@ def test_uploads_parse_in_a_worker_that_may_die_alone(tmp_path: Path, r_manuals:
     and the next upload gets a fresh worker, also after one died while idle."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ingest.batch import WORKER_DIED, UploadParsers
+    from ingest.batch import UploadParsers
 
     data = write_pdf(tmp_path / "frob.pdf", MANUAL_PAGES).read_bytes()
     big = (r_manuals / "R-intro.pdf").read_bytes()
@@ -327,11 +364,18 @@ def test_uploads_parse_in_a_worker_that_may_die_alone(tmp_path: Path, r_manuals:
                     os.kill(workers()[0], signal.SIGKILL)
                     break
                 time.sleep(0.01)
-            assert pending.result(timeout=60) == WORKER_DIED
+            died = pending.result(timeout=60)
+            assert isinstance(died, str) and died.startswith("the parser process died"), died
         again = parsers(data, "frob.pdf", None, None, "default")
         assert isinstance(again, Parsed) and again.chunks == parsed.chunks
         os.kill(workers()[0], signal.SIGKILL)  # dies idle: the next document is not blamed
         time.sleep(0.5)
+        assert isinstance(parsers(data, "frob.pdf", None, None, "default"), Parsed)
+        # a parse past the timeout is stopped (the 124-page manual takes seconds), and the
+        # next upload gets a fresh worker
+        hurried = PdfLimits(parse_timeout_s=0.2)
+        stopped = parsers(big, "R-intro.pdf", None, hurried, "default")
+        assert isinstance(stopped, str) and "longer than 0.2 s" in stopped, stopped
         assert isinstance(parsers(data, "frob.pdf", None, None, "default"), Parsed)
     finally:
         parsers.close()

@@ -218,6 +218,8 @@ def test_flags_out_of_range_are_usage_errors(
         ({"RAGLINE_SERVER_TOKEN": "caf\u00e9"}, "should match pattern"),
         ({"RAGLINE_SERVER_TARGET": ""}, "at least 1 character"),
         ({"RAGLINE_INGEST_WORKER_MEMORY_MIB": "1"}, "at least 512 MiB"),
+        ({"RAGLINE_INGEST_PARSE_TIMEOUT_S": "inf"}, "finite number"),
+        ({"RAGLINE_INGEST_PARSE_TIMEOUT_S": "-1"}, "greater than or equal to 0"),
         ({"RAGLINE_RETRIEVER_INDEX_DIR": __file__}, "is not a folder"),
     ],
 )
@@ -357,3 +359,30 @@ def test_a_refused_token_is_not_echoed(
     assert main(["stats"]) == 2
     err = capsys.readouterr().err
     assert "RAGLINE_*" in err and "token" in err and "s3cret" not in err
+
+
+def test_an_ingest_report_crosses_the_wire_whole() -> None:
+    """What the index role reports reaches the gateway's caller as the CLI shows it: pages
+    left out with their reasons, OCR'd pages, tables (a split deployment lost them)."""
+    from ingest.batch import FileResult, IngestReport
+    from services.convert import ingest_from_pb, ingest_to_pb
+    from services.stages import IndexInfo
+
+    sent = IngestReport(
+        results=[
+            FileResult(
+                "scan.pdf",
+                "scan",
+                "ingested",
+                pages=4,
+                chunks=7,
+                flag_reasons={4: "garbled text (quality 0.21)", 2: "no text"},
+                tables=1,
+                ocr_pages=(3,),
+            ),
+            FileResult("bad.pdf", "bad", "failed", reason="corrupt PDF"),
+        ]
+    )
+    got, info = ingest_from_pb(ingest_to_pb(sent, IndexInfo(5, 9, {})))
+    assert got.results == sent.results and (info.generation, info.chunks) == (5, 9)
+    assert list(got.results[0].flag_reasons) == [2, 4]  # in page order
