@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -198,10 +199,43 @@ class Metrics:
                 out[_key(sample.name, sample.labels)] = float(sample.value)
         return out
 
-    def serve_http(self, host: str, port: int) -> MetricsEndpoint:
-        """Serve ``/metrics`` on ``host:port`` (0 = any free port) from a daemon thread."""
+    def serve_http(
+        self,
+        host: str,
+        port: int,
+        live: Callable[[], bool] | None = None,
+        ready: Callable[[], bool] | None = None,
+    ) -> MetricsEndpoint:
+        """Serve ``/metrics`` on ``host:port`` (0 = any free port) from a daemon thread, and
+        the probes ``/healthz`` (``live``) and ``/readyz`` (``ready``) when given: 200 when
+        the callable says yes, else 503. (A kubelet's gRPC probe cannot speak TLS: a port
+        serving mutual TLS is probed here instead.)"""
         server, thread = start_http_server(port, addr=host, registry=self.registry)
+        app = server.get_app()
+        if app is not None and (live is not None or ready is not None):
+            server.set_app(with_probes(app, live, ready))
         return MetricsEndpoint(server, thread)
+
+
+def with_probes(
+    app: WSGIApplication, live: Callable[[], bool] | None, ready: Callable[[], bool] | None
+) -> WSGIApplication:
+    """``app`` with ``/healthz`` and ``/readyz`` answered by ``live`` and ``ready``."""
+    probes = {"/healthz": live, "/readyz": ready}
+
+    def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        probe = probes.get(environ.get("PATH_INFO", ""))
+        if probe is None:
+            return app(environ, start_response)
+        try:
+            ok = probe()
+        except Exception:  # a probe that cannot tell says no
+            ok = False
+        status = "200 OK" if ok else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"ok\n" if ok else b"not ready\n"]
+
+    return serve
 
 
 def _key(name: str, labels: dict[str, str]) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import signal
@@ -33,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from services.auth import TokenRegistry
 from services.build import build_gateway
+from services.client import is_loopback
 from services.gateway import Gateway
 from services.interceptors import ServerInterceptor
 from services.local_index import LocalIndex
@@ -113,16 +113,6 @@ def load_tokens(server: ServerSettings) -> TokenRegistry | None:
     if not len(tokens):
         raise ValueError("token configuration holds no tokens: every call would be refused")
     return tokens
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name, or 0.0.0.0 / :: (every interface)
 
 
 def check_exposure(server: ServerSettings, tokens: TokenRegistry | None) -> None:
@@ -220,6 +210,29 @@ def _open_port(
 
 
 @dataclass
+class _Probes:
+    """What the metrics port's ``/healthz`` and ``/readyz`` answer (from its HTTP thread):
+    live while the event loop runs a callback within a second; ready while live, every port
+    is SERVING and no stop has begun."""
+
+    loop: asyncio.AbstractEventLoop
+    ports: list[_Port]
+    stopping: bool = False
+
+    def live(self) -> bool:
+        async def pong() -> bool:
+            return True
+
+        try:
+            return asyncio.run_coroutine_threadsafe(pong(), self.loop).result(timeout=1.0)
+        except Exception:  # a stalled or closed loop
+            return False
+
+    def ready(self) -> bool:
+        return not self.stopping and all(p.interceptor.ready for p in self.ports) and self.live()
+
+
+@dataclass
 class RunningServer:
     server: grpc.aio.Server
     """The first port's server: the public API's, or a stage role's own."""
@@ -230,6 +243,7 @@ class RunningServer:
     """Role ``all``: the internal stage services' port, when configured."""
     tasks: list[asyncio.Task] = field(default_factory=list)
     metrics_endpoint: MetricsEndpoint | None = None
+    probes: _Probes | None = None
 
     @property
     def metrics(self) -> Metrics:
@@ -244,6 +258,8 @@ class RunningServer:
         return self.metrics_endpoint.port if self.metrics_endpoint else None
 
     async def stop(self, grace: float | None = None) -> None:
+        if self.probes is not None:
+            self.probes.stopping = True  # /readyz says no from here on
         for task in self.tasks:
             task.cancel()
         await self.health.enter_graceful_shutdown()
@@ -356,19 +372,22 @@ async def start_server(
     for port in ports:
         await port.set_health(False)  # before the port opens: no RPC runs half-loaded
         await port.server.start()
+    s = settings.server
+    probes = _Probes(asyncio.get_running_loop(), ports)
+    endpoint = (  # /readyz answers 503 while the models load
+        gateway.metrics.serve_http(s.metrics_host, s.metrics_port, probes.live, probes.ready)
+        if s.metrics_port is not None
+        else None
+    )
     started = time.perf_counter()
     try:
         await asyncio.to_thread(gateway.warm_up, warm_generator)
     except BaseException:
         for port in ports:
             await port.server.stop(None)
+        if endpoint is not None:
+            endpoint.close()
         raise
-    s = settings.server
-    endpoint = (
-        gateway.metrics.serve_http(s.metrics_host, s.metrics_port)
-        if s.metrics_port is not None
-        else None
-    )
     for port in ports:
         await port.set_health(True)
     running = RunningServer(
@@ -378,6 +397,7 @@ async def start_server(
         first.health,
         internal,
         metrics_endpoint=endpoint,
+        probes=probes,
     )
     index = next((p for p in gateway.stages() if isinstance(p, LocalIndex)), None)
     if index is not None and s.reload_interval_s > 0:

@@ -462,6 +462,88 @@ async def test_tls_for_clients_and_mutual_tls_between_services(  # type: ignore[
         await stop_beside(stage)
 
 
+async def test_the_deployment_certificates_secure_the_stage_hop(  # type: ignore[no-untyped-def]
+    server, tokens, tmp_path, redis_url
+) -> None:
+    """The certificates deploy/k8s/internal-tls.sh makes, used as the manifests use them: a
+    stage port that asks for a client certificate of that CA, a gateway presenting one, and
+    the HTTP probes that stand in for the kubelet's gRPC probe on such a port."""
+    import urllib.error
+    import urllib.request
+
+    pki = tmp_path / "pki"
+    made = subprocess.run(
+        [str(ROOT / "deploy" / "k8s" / "internal-tls.sh"), str(pki), "ragline", "2"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    assert "ca.key" not in made.stdout.split("next:")[1]  # the CA's key stays off the cluster
+    settings = make_settings(tmp_path / "stage", redis_url)
+    settings.server.auth_tokens = tokens["config"]
+    settings.server.tls_cert_file = pki / "server.crt"
+    settings.server.tls_key_file = pki / "server.key"
+    settings.server.tls_client_ca_file = pki / "ca.crt"
+    settings.server.internal_port = 0
+    settings.server.metrics_port = 0
+    stage = await serve_beside(settings, server)
+    gateway_settings = make_settings(tmp_path / "gw", redis_url)
+    gateway_settings.credibility.address = f"localhost:{stage.internal_port}"
+    gateway_settings.server.tls_ca_file = pki / "ca.crt"
+    gateway_settings.server.tls_client_cert_file = pki / "client.crt"
+    gateway_settings.server.tls_client_key_file = pki / "client.key"
+    gateway_settings.server.token = tokens["admin"]
+    gateway = await serve_beside(gateway_settings, server)
+
+    def probe(path: str) -> int:
+        url = f"http://127.0.0.1:{stage.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 (loopback)
+                return int(reply.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        scored = await gateway.gateway.retrieve("frobctl install", 3, score_evidence=True)
+        assert scored.hits and all("credibility" in h.stage_scores for h in scored.hits)
+        # a certificate from another CA is refused on the stage port
+        other = make_certs(tmp_path / "other")
+        stranger = Settings().server
+        stranger.tls_ca_file = pki / "ca.crt"
+        stranger.tls_client_cert_file = other.client.cert
+        stranger.tls_client_key_file = other.client.key
+        stranger.token = tokens["admin"]
+        async with open_channel(stranger, f"localhost:{stage.internal_port}", aio=True) as ch:
+            refused = await _error(
+                stages_pb2_grpc.CredibilityServiceStub(ch).Score(
+                    stages_pb2.ScoreRequest(query="q"), timeout=10
+                )
+            )
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE
+
+        # the probes (from another thread: the event loop must be free to answer): ready
+        # while every port serves; live while the event loop answers
+        async def status(path: str) -> int:
+            return await asyncio.to_thread(probe, path)
+
+        assert await status("/readyz") == 200 and await status("/healthz") == 200
+        assert stage.probes is not None
+        await stage.probes.ports[-1].set_health(False)  # as while the models load
+        assert await status("/readyz") == 503 and await status("/healthz") == 200
+        await stage.probes.ports[-1].set_health(True)
+        assert await status("/readyz") == 200
+        stage.probes.stopping = True  # as once SIGTERM arrived
+        assert await status("/readyz") == 503
+        assert probe("/healthz") == 503  # a loop that does not answer (this call blocks it)
+        assert await status("/metrics") == 200
+    finally:
+        await stop_beside(gateway)
+        await stop_beside(stage)
+        if stage.metrics_endpoint is not None:
+            stage.metrics_endpoint.close()
+
+
 # -- the index another process writes ---------------------------------------------------------
 async def test_a_running_server_sees_what_the_cli_ingested(  # type: ignore[no-untyped-def]
     server, tmp_path: Path, redis_url, encoder, dense_encoder

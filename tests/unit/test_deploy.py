@@ -58,7 +58,12 @@ def test_each_role_is_a_deployment_with_grpc_probes_and_resources(role: str) -> 
     assert container["args"] == ["serve"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"]["port"] == ports["grpc"]  # the gRPC health service
+        if role == "gateway":  # a plaintext port: the gRPC health service itself
+            assert container[probe]["grpc"]["port"] == ports["grpc"]
+        else:  # a mutual-TLS port, which the kubelet cannot probe: the metrics port's probes
+            check = container[probe]["httpGet"]
+            assert check["port"] == "metrics" and "metrics" in ports
+            assert check["path"] == ("/healthz" if probe == "livenessProbe" else "/readyz")
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == ports["metrics"]
@@ -112,3 +117,38 @@ def test_autoscaling_is_on_latency_the_pods_really_export() -> None:
                 service = query.split('grpc_service="')[1].split('"')[0]
                 method = query.split('grpc_method="')[1].split('"')[0]
                 assert method in methods[service], (name, service, method)
+
+
+def _env(role: str) -> dict[str, str]:
+    (container,) = _of("Deployment")[f"ragline-{role}"]["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def _mounted(role: str, path: str) -> str:
+    """The secret mounted over ``path``'s folder in the role's pod."""
+    spec = _of("Deployment")[f"ragline-{role}"]["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    return str(volume["secret"]["secretName"])
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_services_speak_mutual_tls_to_each_other(role: str) -> None:
+    """Every stage port asks its callers for a client certificate of the internal CA, and the
+    roles that call stages (the gateway, the graph role) present one: the stage token never
+    crosses the cluster network in clear text. The files come from one secret, made by
+    deploy/k8s/internal-tls.sh (tested with real servers in tests/integration)."""
+    env = _env(role)
+    server = ("TLS_CERT_FILE", "TLS_KEY_FILE", "TLS_CLIENT_CA_FILE")
+    client = ("TLS_CA_FILE", "TLS_CLIENT_CERT_FILE", "TLS_CLIENT_KEY_FILE")
+    names = [
+        *(server if role != "gateway" else ()),
+        *(client if role in ("gateway", "graph") else ()),
+    ]
+    for name in names:
+        assert _mounted(role, env[f"RAGLINE_SERVER_{name}"]) == "ragline-internal-tls", name
+    if role == "gateway":  # its public port: plain gRPC behind the cluster's ingress
+        assert "RAGLINE_SERVER_TLS_CERT_FILE" not in env
+    if "RAGLINE_SERVER_TOKEN" in env:  # the stage token travels only over TLS
+        assert "RAGLINE_SERVER_TLS_CA_FILE" in env
