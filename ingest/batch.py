@@ -272,8 +272,8 @@ def _store(
             reason = exc.message
         elif isinstance(exc, OSError) and exc.strerror:  # its reason, not the server's paths
             reason = f"{type(exc).__name__}: {exc.strerror}"
-        else:
-            reason = f"{type(exc).__name__}: {exc}"
+        else:  # a bug's text may name anything of the server's: it stays in the log
+            reason = f"internal error ({type(exc).__name__}; the server log has the details)"
         return FileResult(name, parsed.doc_id, "failed", reason=f"index write failed: {reason}")
     return FileResult(
         name,

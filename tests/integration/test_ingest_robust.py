@@ -204,6 +204,18 @@ def test_a_batch_goes_on_past_a_document_the_index_failed_to_write(
     assert "index write failed" in report.results[0].reason
     assert "No space left" in report.results[0].reason
     assert set(index.store.view.doc_hashes) == {"b"} and index.store.view.generation == 1
+    # a bug's text (which may name the server's files) stays in the log, not in the reason
+    secret = str(tmp_path / "index" / "private-state.bin")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"cannot serialise {secret}")
+
+    monkeypatch.setattr(scipy.sparse, "save_npz", broken)
+    again = run_batch([make_pdf("c.pdf", MANUAL_PAGES)], index, progress=False, workers=0)
+    (failed,) = again.results
+    assert failed.status == "failed" and "RuntimeError" in failed.reason, failed
+    assert secret not in failed.reason and "server log" in failed.reason
+    assert set(index.store.view.doc_hashes) == {"b"}
 
 
 async def test_a_failed_commit_on_a_dense_index_restores_the_graph(
