@@ -11,14 +11,18 @@ import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from services.settings import MAX_DEADLINE_S, Settings, describe_settings
+
+if TYPE_CHECKING:
+    from ingest.batch import IngestReport
 
 # OpenMP threads that spin while waiting steal the other core from the event loop, Redis and
 # gRPC: measured MiniLM query p50 116-492 ms spinning vs 15-23 ms passive on 2 busy cores.
@@ -112,6 +116,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         with _progress_bar(not args.quiet) as progress:
             graph_report = graph.index.sync(store.documents(), progress)
         print(graph_report.line())
+    written = _print_report(report, args)
+    print(
+        f"index {settings.retriever.index_dir}: generation {store.view.generation}, "
+        f"{store.view.count()} chunks"
+    )
+    return 2 if not written else 1 if report.count("failed") else 0
+
+
+def _print_report(report: IngestReport, args: argparse.Namespace) -> bool:
+    """An ingest report as `ragline ingest` and `ragline upload` print it: warnings, failed
+    files and pages left out (stderr), each file with -v, the summary; the JSON with
+    --report (False: it could not be written, and the error is printed)."""
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for result in report.results:
@@ -126,12 +142,88 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             print(f"page left out: {result.source} p.{page}: {why}", file=sys.stderr)
     print(report.summary())
     if args.report:
-        report.write_json(Path(args.report))
-    print(
-        f"index {settings.retriever.index_dir}: generation {store.view.generation}, "
-        f"{store.view.count()} chunks"
-    )
-    return 1 if report.count("failed") else 0
+        try:
+            report.write_json(Path(args.report))
+        except OSError as exc:  # what landed stays landed; the run says the report is missing
+            print(f"error: cannot write the report {args.report}: {_why(exc)}", file=sys.stderr)
+            return False
+    return True
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+_PER_FILE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
+"""Upload refusals that concern the file sent (its name, its size): the others go on. Any
+other status (no server, no permission, a deadline) ends the run."""
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ingest.batch import FileResult, IngestReport, duplicate_uploads, expand_paths
+    from ingest.pdf import utf8_name
+    from ragline.v1 import ragline_pb2
+    from services.client import MAX_MESSAGE_BYTES
+    from services.convert import ingest_from_pb
+
+    started = time.perf_counter()
+    report = IngestReport()
+    entries = expand_paths(args.paths, report.warnings)
+    report.results += [e for e in entries if isinstance(e, FileResult)]
+    files = [e for e in entries if not isinstance(e, FileResult)]
+    refused = duplicate_uploads([utf8_name(f.name) for f in files])
+    stub = _stub(args)
+    landed = None
+    bar = tqdm(files, desc="upload", unit="file", disable=args.quiet or not files)
+    try:
+        for position, path in enumerate(bar):
+            source = utf8_name(path)
+            bar.set_postfix_str(utf8_name(path.name))
+            if position in refused:
+                report.results.append(replace(refused[position], source=source))
+                continue
+            try:
+                size = path.stat().st_size
+                if size > MAX_MESSAGE_BYTES:
+                    raise OSError(
+                        f"{size} bytes is over the {MAX_MESSAGE_BYTES // 2**20} MiB a request "
+                        "carries (ingest it where the server runs: ragline ingest)"
+                    )
+                data = path.read_bytes()
+            except OSError as exc:
+                reason = _why(exc)
+                report.results.append(FileResult(source, "", "failed", reason=reason))
+                continue
+            document = ragline_pb2.Document(name=utf8_name(path.name), content=data)
+            request = ragline_pb2.IngestRequest(
+                documents=[document],
+                collection=args.collection,
+                replace_other_paths=args.replace_other_paths,
+            )
+            try:
+                reply = stub.Ingest(request, timeout=args.timeout)
+            except grpc.RpcError as exc:
+                if exc.code() not in _PER_FILE:
+                    raise
+                reason = f"{exc.code().name}: {exc.details()}"
+                report.results.append(FileResult(source, "", "failed", reason=reason))
+                continue
+            got, landed = ingest_from_pb(reply)
+            report.results += [replace(r, source=source) for r in got.results]
+    except grpc.RpcError:  # what was sent before the run ended, then the error (main's)
+        bar.close()
+        if report.results:
+            report.seconds = time.perf_counter() - started
+            _print_report(report, args)
+        raise
+    bar.close()
+    report.seconds = time.perf_counter() - started
+    written = _print_report(report, args)
+    if landed is not None:
+        print(f"server {_target(args)}: generation {landed.generation}, {landed.chunks} chunks")
+    return 2 if not written else 1 if report.count("failed") else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -618,6 +710,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser(
+        "upload",
+        help="send PDF files or directories to a running server (the Ingest RPC)",
+        description="Upload PDFs to a ragline server, one Ingest call per file, with the "
+        "token and TLS of RAGLINE_SERVER_TOKEN / RAGLINE_SERVER_TLS_*: the server parses, "
+        "chunks and indexes them as `ragline ingest` does locally, and its report comes back "
+        "(status, pages, tables, pages left out and why). A new version of an earlier upload "
+        "(same name, same collection) replaces it; two files of one name in one run: the "
+        "second is refused. Exit 1 if any file failed.",
+    )
+    p.add_argument("paths", nargs="+", help="PDF files or directories (searched recursively)")
+    p.add_argument(
+        "--collection",
+        default="default",
+        help="collection the documents join (default: default; a limited token may upload "
+        "only into its own)",
+    )
+    p.add_argument(
+        "--replace-other-paths",
+        action="store_true",
+        help="let an upload replace a same-named document the server ingested from a path, "
+        "or from another collection (refused by default)",
+    )
+    p.add_argument("--report", help="also write the report (every file, why it failed) as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--target", help="server host:port (default: RAGLINE_SERVER_TARGET)")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=600.0,
+        help="deadline of each file's call in seconds (default 600)",
+    )
+    p.set_defaults(func=cmd_upload)
+
+    p = sub.add_parser(
         "serve",
         help="serve every stage in one process (or one role of the split deployment)",
         description="Serve the gRPC API. By default (--role all) every stage runs in this "
@@ -970,6 +1096,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except RaglineError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file or folder named on the command line, not a bug: no trace
+        from ingest.pdf import utf8_name
+
+        named = f" ({utf8_name(exc.filename)})" if exc.filename else ""
+        print(f"error: {_why(exc)}{named}", file=sys.stderr)
         return 2
     except grpc.RpcError as exc:
         if _no_server(exc):

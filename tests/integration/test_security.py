@@ -653,6 +653,48 @@ async def test_the_cli_sends_its_token(secured, tokens) -> None:  # type: ignore
     assert "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr
 
 
+async def test_the_cli_uploads_with_a_limited_token(secured, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`ragline upload`: a folder to a secured server, each file's outcome from the server's
+    report (pages left out too), a bad file and a second file of one name refused while the
+    rest land; a collection the token may not write ends the run with the reason."""
+    folder = tmp_path / "to-send"
+    write_pdf(folder / "kelp-farm.pdf", ["The kelp farm of team A harvests at 3 metres."])
+    write_pdf(
+        folder / "tide-log.pdf",
+        ["The tide log of team A records 12 readings.", "", "Readings stop at neap tide."],
+    )
+    write_pdf(folder / "again" / "kelp-farm.pdf", ["Another kelp farm file."])
+    (folder / "broken.pdf").write_bytes(b"%PDF-1.4 not really")
+    report = tmp_path / "upload.json"
+
+    async def upload(*extra: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(  # a thread: the server answers on this event loop
+            subprocess.run,
+            [sys.executable, "-m", "services.cli", "upload", str(folder), "-q", *extra],
+            cwd=ROOT,
+            env=dict(os.environ, RAGLINE_SERVER_TOKEN=tokens["writer_a"]),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    target = f"--target=127.0.0.1:{secured.port}"
+    sent = await upload(target, "--collection=team-a", f"--report={report}")
+    assert sent.returncode == 1, sent.stderr  # a file failed
+    assert "2 ingested" in sent.stdout and "2 failed" in sent.stdout, sent.stdout
+    assert "broken.pdf: corrupt" in sent.stderr and "already used by" in sent.stderr
+    assert "page left out:" in sent.stderr and "tide-log.pdf p.2" in sent.stderr
+    assert "Traceback" not in sent.stderr
+    files = {Path(f["source"]).name: f for f in json.loads(report.read_text())["files"]}
+    assert files["tide-log.pdf"]["pages_left_out"] == {"2": "no text"}
+    assert secured.gateway.local_index.collection_of("kelp-farm") == "team-a"
+    again = await upload(target, "--collection=team-a")  # the same bytes: nothing to do
+    assert "2 unchanged" in again.stdout, again.stdout
+    other = await upload(target, "--collection=team-b")
+    assert other.returncode == 2 and "PERMISSION_DENIED" in other.stderr, other.stderr
+    assert "Traceback" not in other.stderr
+
+
 async def test_limits_hold_on_the_internal_port_and_for_limited_tokens(  # type: ignore[no-untyped-def]
     secured, tokens, tmp_path
 ) -> None:

@@ -386,3 +386,24 @@ def test_an_ingest_report_crosses_the_wire_whole() -> None:
     got, info = ingest_from_pb(ingest_to_pb(sent, IndexInfo(5, 9, {})))
     assert got.results == sent.results and (info.generation, info.chunks) == (5, 9)
     assert list(got.results[0].flag_reasons) == [2, 4]  # in page order
+
+
+def test_upload_reports_files_it_cannot_send_and_a_report_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `ragline upload` settles without a server: a missing path and a FIFO fail with
+    their reason; a report that cannot be written is an error line and exit 2, no trace."""
+    import os
+
+    from services.cli import main
+
+    os.mkfifo(tmp_path / "pipe.pdf")
+    argv = ["upload", str(tmp_path / "gone.pdf"), str(tmp_path / "pipe.pdf"), "-q"]
+    assert main([*argv, "--target", "127.0.0.1:1"]) == 1  # nothing to send: no connection
+    err = capsys.readouterr().err
+    assert "gone.pdf: no such file or directory" in err and "pipe.pdf: not a regular" in err
+    bad = str(tmp_path / "no-folder" / "sub" / "r.json")
+    (tmp_path / "no-folder").write_text("a file where a folder would go")
+    assert main([*argv, "--report", bad]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the report {bad}" in err and "Traceback" not in err
