@@ -668,22 +668,16 @@ def build_parser() -> argparse.ArgumentParser:
         "JavaScript, decompression bomb, over the limits) is reported and skipped. "
         "Exit 1 if any file failed.",
     )
-    p.add_argument("paths", nargs="+", help="PDF files or directories (searched recursively)")
-    p.add_argument(
-        "--collection",
-        default="default",
-        help="collection the documents join, for filtered searches (default: default)",
+    _files_args(
+        p,
+        "collection the documents join, for filtered searches (default: default)",
+        "a document's id is its file name's stem: let a file replace a same-named "
+        "document ingested from another path that still exists (refused by default)",
     )
     p.add_argument(
         "--workers",
         type=_count(0, 256),
         help="parser processes (default: RAGLINE_INGEST_WORKERS, 1; 0 = in this process)",
-    )
-    p.add_argument(
-        "--replace-other-paths",
-        action="store_true",
-        help="a document's id is its file name's stem: let a file replace a same-named "
-        "document ingested from another path that still exists (refused by default)",
     )
     p.add_argument(
         "--engine",
@@ -704,9 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="with --engine ray: encoder actors (each loads the models once; default 1)",
     )
-    p.add_argument("--report", help="also write the report (every file, why it failed) as JSON")
     p.add_argument("--index-dir", help="index folder (default: RAGLINE_RETRIEVER_INDEX_DIR)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser(
@@ -719,21 +711,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(same name, same collection) replaces it; two files of one name in one run: the "
         "second is refused. Exit 1 if any file failed.",
     )
-    p.add_argument("paths", nargs="+", help="PDF files or directories (searched recursively)")
-    p.add_argument(
-        "--collection",
-        default="default",
-        help="collection the documents join (default: default; a limited token may upload "
-        "only into its own)",
+    _files_args(
+        p,
+        "collection the documents join (default: default; a limited token may upload only "
+        "into its own)",
+        "let an upload replace a same-named document the server ingested from a path, or "
+        "from another collection (refused by default)",
     )
-    p.add_argument(
-        "--replace-other-paths",
-        action="store_true",
-        help="let an upload replace a same-named document the server ingested from a path, "
-        "or from another collection (refused by default)",
-    )
-    p.add_argument("--report", help="also write the report (every file, why it failed) as JSON")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--target", help="server host:port (default: RAGLINE_SERVER_TARGET)")
     p.add_argument(
         "--timeout",
@@ -1062,6 +1046,16 @@ def _add_token_parser(sub: Any) -> None:
     )
     p.add_argument("--file", help="append the entry to this token file (created if missing)")
     p.set_defaults(func=cmd_token_create)
+
+
+def _files_args(p: argparse.ArgumentParser, collection: str, replace: str) -> None:
+    """What `ingest` and `upload` share: the files, their collection, the same-name guard,
+    the report."""
+    p.add_argument("paths", nargs="+", help="PDF files or directories (searched recursively)")
+    p.add_argument("--collection", default="default", help=collection)
+    p.add_argument("--replace-other-paths", action="store_true", help=replace)
+    p.add_argument("--report", help="also write the report (every file, why it failed) as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
