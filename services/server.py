@@ -212,8 +212,9 @@ def _open_port(
 @dataclass
 class _Probes:
     """What the metrics port's ``/healthz`` and ``/readyz`` answer (from its HTTP thread):
-    live while the event loop runs a callback within a second; ready while live, every port
-    is SERVING and no stop has begun."""
+    live while the event loop runs a callback within 2 s (a wedged loop answers no RPC);
+    ready while every port is SERVING and no stop has begun. Readiness does not wait on the
+    loop: a busy pod must not drop out of its Service for being busy."""
 
     loop: asyncio.AbstractEventLoop
     ports: list[_Port]
@@ -224,12 +225,12 @@ class _Probes:
             return True
 
         try:
-            return asyncio.run_coroutine_threadsafe(pong(), self.loop).result(timeout=1.0)
+            return asyncio.run_coroutine_threadsafe(pong(), self.loop).result(timeout=2.0)
         except Exception:  # a stalled or closed loop
             return False
 
     def ready(self) -> bool:
-        return not self.stopping and all(p.interceptor.ready for p in self.ports) and self.live()
+        return not self.stopping and all(p.interceptor.ready for p in self.ports)
 
 
 @dataclass
