@@ -21,6 +21,7 @@ if [[ $# -lt 1 || $# -gt 3 || "$1" == -h || "$1" == --help ]]; then
   exit 2
 fi
 dir=$1 namespace=${2:-ragline} days=${3:-365}
+[[ "$dir" == -* ]] && dir=./$dir  # a folder named like an option is still a folder
 [[ "$namespace" =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]] || { echo "error: namespace '$namespace' is not a DNS label" >&2; exit 2; }
 [[ "$days" =~ ^[1-9][0-9]{0,4}$ ]] || { echo "error: days must be a whole number from 1 to 99999" >&2; exit 2; }
 command -v openssl > /dev/null || { echo "error: needs the openssl command line" >&2; exit 2; }
@@ -28,7 +29,7 @@ if [[ -e "$dir/ca.key" ]]; then
   echo "error: $dir already holds a CA (ca.key): choose an empty folder" >&2
   exit 2
 fi
-mkdir -p "$dir"
+mkdir -p -- "$dir"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 umask 077
@@ -53,7 +54,7 @@ leaf() {  # leaf NAME USAGE [SANS]
   openssl req -new -key "$tmp/$1.key" -out "$tmp/$1.csr" -subj "/CN=ragline-$1"
   {
     echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "keyUsage=critical,digitalSignature"  # EC keys: no keyEncipherment (RFC 5480)
     echo "extendedKeyUsage=$2"
     [[ -n "${3:-}" ]] && echo "subjectAltName=$3"
   } > "$tmp/$1.ext"
@@ -67,6 +68,7 @@ leaf client clientAuth
 chmod 644 "$tmp"/*.crt  # keys stay 600 here; the pods read them as group 10001 (defaultMode)
 mv "$tmp"/*.crt "$tmp/server.key" "$tmp/client.key" "$tmp/ca.key" "$dir/"
 echo "wrote $dir: ca.crt, server.crt/.key (stage services in namespace $namespace), client.crt/.key; ca.key signs the next ones"
+q=$(printf '%q' "$dir")  # a folder with spaces still pastes as one argument
 echo "next: kubectl -n $namespace create secret generic ragline-internal-tls \\"
-echo "        --from-file=ca.crt=$dir/ca.crt --from-file=server.crt=$dir/server.crt --from-file=server.key=$dir/server.key \\"
-echo "        --from-file=client.crt=$dir/client.crt --from-file=client.key=$dir/client.key"
+echo "        --from-file=ca.crt=$q/ca.crt --from-file=server.crt=$q/server.crt --from-file=server.key=$q/server.key \\"
+echo "        --from-file=client.crt=$q/client.crt --from-file=client.key=$q/client.key"
