@@ -718,13 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
         "let an upload replace a same-named document the server ingested from a path, or "
         "from another collection (refused by default)",
     )
-    p.add_argument("--target", help="server host:port (default: RAGLINE_SERVER_TARGET)")
-    p.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=600.0,
-        help="deadline of each file's call in seconds (default 600)",
-    )
+    _client_args(p, timeout=600.0, timeout_help="deadline of each file's call in seconds")
     p.set_defaults(func=cmd_upload)
 
     p = sub.add_parser(
@@ -1058,9 +1052,13 @@ def _files_args(p: argparse.ArgumentParser, collection: str, replace: str) -> No
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def _client_args(p: argparse.ArgumentParser) -> None:
+def _client_args(
+    p: argparse.ArgumentParser, timeout: float = 120.0, timeout_help: str = "deadline in seconds"
+) -> None:
     p.add_argument("--target", help="server host:port (default: RAGLINE_SERVER_TARGET)")
-    p.add_argument("--timeout", type=_seconds, default=120.0, help="deadline in seconds")
+    p.add_argument(
+        "--timeout", type=_seconds, default=timeout, help=f"{timeout_help} (default {timeout:g})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
