@@ -13,6 +13,8 @@ import logging
 import multiprocessing
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
@@ -473,14 +475,19 @@ def parse_upload(
         return f"parser error: {type(exc).__name__}: {exc}"
 
 
-def _bounded(task: Callable[..., Parsed | str], seconds: float, *args: object) -> Parsed | str:
+def _bounded(
+    task: Callable[..., Parsed | str], seconds: float, marker: str | None, *args: object
+) -> Parsed | str:
     """Run a parse task in a worker process that ``SIGALRM`` ends after ``seconds`` (0: no
     bound). The signal's default action kills the process, so even a parse stuck in the PDF
     library's C code (where no Python exception reaches) ends; the pool reports the worker
-    dead and the caller names the timeout (:func:`_died`). Never call it in the server's
-    own process."""
+    dead and the caller names the timeout (:func:`_died`), knowing from ``marker`` (a file
+    the task writes its start time to, see :class:`_StartMarks`) when the parse began.
+    Never call it in the server's own process."""
     import signal
 
+    if marker is not None:
+        Path(marker).write_text(repr(time.monotonic()))  # system-wide clock on Linux
     if seconds > 0:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -491,18 +498,51 @@ def _bounded(task: Callable[..., Parsed | str], seconds: float, *args: object) -
             signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+class _StartMarks:
+    """When each parse task started in its worker: a small file per task in a private
+    folder. A worker that dies takes its pool down with every task in flight; the marks tell
+    which task ran into the parse timeout (that one is not retried: it would stall again) and
+    time each from its own start, not from when it was queued or its worker spawned."""
+
+    def __init__(self, limits: PdfLimits | None) -> None:
+        self.timeout = _timeout_of(limits)
+        self.folder = Path(tempfile.mkdtemp(prefix="ragline-parse-")) if self.timeout else None
+
+    def path(self, key: object) -> str | None:
+        return str(self.folder / str(key)) if self.folder is not None else None
+
+    def started(self, key: object) -> float | None:
+        marker = self.path(key)
+        try:
+            return float(Path(marker).read_text()) if marker else None
+        except (OSError, ValueError):  # not started (still queued), or not written yet
+            return None
+
+    def timed_out(self, key: object) -> bool:
+        started = self.started(key)
+        return started is not None and time.monotonic() - started >= self.timeout
+
+    def clear(self, key: object) -> None:
+        marker = self.path(key)
+        if marker:
+            Path(marker).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def _timeout_of(limits: PdfLimits | None) -> float:
     return (limits or PdfLimits()).parse_timeout_s
 
 
-def _died(limits: PdfLimits | None, started: float, memory_limit_mb: int) -> str:
-    """Why a worker died on a document that started parsing at ``started`` (monotonic): past
-    the parse timeout it was the timeout's alarm; else memory or the PDF library."""
-    timeout = _timeout_of(limits)
-    if timeout > 0 and time.monotonic() - started >= timeout:
+def _died(limits: PdfLimits | None, timed_out: bool, memory_limit_mb: int) -> str:
+    """Why a worker died on a document: the parse timeout's alarm (``timed_out``: it had
+    parsed for the whole timeout) or else memory or the PDF library."""
+    if timed_out:
         return (
-            f"parsing took longer than {timeout:g} s (RAGLINE_INGEST_PARSE_TIMEOUT_S): "
-            "the parser process was stopped"
+            f"parsing took longer than {_timeout_of(limits):g} s "
+            "(RAGLINE_INGEST_PARSE_TIMEOUT_S): the parser process was stopped"
         )
     return (
         f"the parser process died reading it (over its {memory_limit_mb} MiB memory limit, "
@@ -542,29 +582,33 @@ class UploadParsers:
         collection: str,
     ) -> Parsed | str:
         """Parse in a worker (blocking: call from a thread): the document, or why not."""
-        started = time.monotonic()
-        for _ in range(2):
-            executor = self._pool()
-            try:
-                future = executor.submit(
-                    _bounded,
-                    parse_upload,
-                    _timeout_of(limits),
-                    data,
-                    name,
-                    chunker,
-                    limits,
-                    collection,
-                )
-            except BrokenProcessPool:  # a worker died before this document: a fresh pool
-                self._discard(executor)
-                continue
-            try:
-                return future.result()
-            except BrokenProcessPool:  # it died reading this document
-                self._discard(executor)
-                break
-        return _died(limits, started, self.memory_limit_mb)
+        marks = _StartMarks(limits)
+        try:
+            for _ in range(2):
+                executor = self._pool()
+                try:
+                    future = executor.submit(
+                        _bounded,
+                        parse_upload,
+                        marks.timeout,
+                        marks.path("upload"),
+                        data,
+                        name,
+                        chunker,
+                        limits,
+                        collection,
+                    )
+                except BrokenProcessPool:  # a worker died before this document: a fresh pool
+                    self._discard(executor)
+                    continue
+                try:
+                    return future.result()
+                except BrokenProcessPool:  # it died reading this document
+                    self._discard(executor)
+                    break
+            return _died(limits, marks.timed_out("upload"), self.memory_limit_mb)
+        finally:
+            marks.close()
 
     def _discard(self, executor: ProcessPoolExecutor) -> None:
         with self._lock:
@@ -633,6 +677,9 @@ class _Planner:
         return _Job(path, source, doc_id, previous, size)
 
 
+STOPPED = "not ingested: the request was cancelled (its deadline passed or its caller left)"
+
+
 def run_batch(
     paths: Sequence[str | Path],
     sink: DocumentSink,
@@ -645,6 +692,7 @@ def run_batch(
     parse: ParseFn | None = None,
     replace_other_paths: bool = False,
     parse_engine: ParseEngine | None = None,
+    stop: threading.Event | None = None,
 ) -> IngestReport:
     """Ingest files and directories into ``sink``, with a progress bar and a final report.
 
@@ -663,6 +711,8 @@ def run_batch(
     replace that document), unless ``replace_other_paths``. A document whose old path is gone
     (the folder moved) is replaced as usual. ``parse_engine`` parses the planned files
     elsewhere instead of worker processes (``services.ray_ingest.RayEngine.outcomes``).
+    ``stop``, once set, ends the batch before the next document is written (the one being
+    written lands whole); the files not written are FAILED with :data:`STOPPED`.
     """
     parse = parse or parse_path
     started = time.perf_counter()
@@ -691,7 +741,7 @@ def run_batch(
         outcomes = _parse_in_workers(
             jobs, parse, chunker, limits, collection, workers, memory_limit_mb
         )
-    report.results += _land(outcomes, len(jobs), sink, progress)
+    report.results += _land(outcomes, jobs, sink, progress, stop)
     order = {  # results in the order the files were given
         e.source if isinstance(e, FileResult) else utf8_name(e): i for i, e in enumerate(entries)
     }
@@ -701,12 +751,17 @@ def run_batch(
 
 
 def _land(
-    outcomes: Iterator[tuple[_Job, Parsed | str]], total: int, sink: DocumentSink, progress: bool
+    outcomes: Iterator[tuple[_Job, Parsed | str]],
+    jobs: Sequence[_Job],
+    sink: DocumentSink,
+    progress: bool,
+    stop: threading.Event | None = None,
 ) -> list[FileResult]:
-    """Write each parsed document to the sink as it comes, moving the progress bar."""
+    """Write each parsed document to the sink as it comes, moving the progress bar, until
+    ``stop`` is set."""
     results: list[FileResult] = []
     bar = tqdm(
-        total=total,
+        total=len(jobs),
         desc="ingest",
         unit="file",
         disable=not progress,
@@ -715,6 +770,8 @@ def _land(
     )
     with bar:
         for done, (job, outcome) in enumerate(outcomes, start=1):
+            if stop is not None and stop.is_set():
+                break
             bar.set_postfix_str(utf8_name(job.path.name))
             if isinstance(outcome, str):
                 logger.warning("skipped %s: %s", job.source, outcome)
@@ -732,6 +789,16 @@ def _land(
                 results.append(_store(outcome, job.source, sink, job.previous, path, encoded))
             bar.n = done  # a whole file again, whatever the shares added up to
             bar.refresh()
+    if stop is not None and stop.is_set():
+        closing = getattr(outcomes, "close", None)
+        if closing is not None:
+            closing()  # the worker pool is shut down now, not when collected
+        landed = {r.source for r in results}
+        results += [
+            FileResult(j.source, j.doc_id, "failed", reason=STOPPED)
+            for j in jobs
+            if j.source not in landed
+        ]
     return results
 
 
@@ -749,23 +816,32 @@ def _parse_in_workers(
     no head-of-line wait: a 2,400-page manual no longer leaves the other workers idle behind
     it.) A worker that dies (over its memory limit, or a crash in the PDF library) breaks the
     pool: the documents in flight are then retried one at a time in fresh pools, so only the
-    one that kills a worker on its own is reported failed."""
+    one that kills a worker on its own is reported failed; one that ran into the parse
+    timeout is reported at once, not parsed again."""
 
     def pool(size: int) -> ProcessPoolExecutor:
         return parser_pool(size, memory_limit_mb)
 
+    def alone(key: int, job: _Job) -> Parsed | str:
+        if marks.timed_out(key):  # it ran into the parse timeout: again it would stall
+            return _died(limits, True, memory_limit_mb)
+        marks.clear(key)
+        return _parse_alone(job, key, parse, chunker, limits, collection, memory_limit_mb, marks)
+
+    marks = _StartMarks(limits)
     executor = pool(workers)
-    pending: dict[Future[Parsed | str], _Job] = {}
-    queue = deque(sorted(jobs, key=lambda job: -job.size))
+    pending: dict[Future[Parsed | str], tuple[int, _Job]] = {}
+    queue = deque(sorted(enumerate(jobs), key=lambda keyed: -keyed[1].size))
     try:
         while queue or pending:
             try:
                 while queue and len(pending) < 2 * workers:
-                    job = queue[0]
+                    key, job = queue[0]
                     future = executor.submit(
                         _bounded,
                         parse,
-                        _timeout_of(limits),
+                        marks.timeout,
+                        marks.path(key),
                         str(job.path),
                         chunker,
                         limits,
@@ -776,40 +852,45 @@ def _parse_in_workers(
                 for future in done:
                     if isinstance(future.exception(), BrokenProcessPool):
                         raise BrokenProcessPool(str(future.exception()))
-                    yield pending.pop(future), future.result()
+                    key, job = pending.pop(future)
+                    marks.clear(key)
+                    yield job, future.result()
             except BrokenProcessPool:
                 executor.shutdown(cancel_futures=True)
-                for future, job in pending.items():
+                for future, (key, job) in pending.items():
                     if future.done() and future.exception() is None:
                         yield job, future.result()
                     else:
-                        yield (
-                            job,
-                            _parse_alone(
-                                job, parse, chunker, limits, collection, memory_limit_mb, pool
-                            ),
-                        )
+                        yield job, alone(key, job)
                 pending.clear()
                 executor = pool(workers)
                 continue
     finally:
         executor.shutdown(cancel_futures=True)
+        marks.close()
 
 
 def _parse_alone(
     job: _Job,
+    key: int,
     parse: ParseFn,
     chunker: ChunkerConfig | None,
     limits: PdfLimits | None,
     collection: str,
     memory_limit_mb: int,
-    pool: Callable[[int], ProcessPoolExecutor],
+    marks: _StartMarks,
 ) -> Parsed | str:
-    started = time.monotonic()
-    with pool(1) as solo:
+    with parser_pool(1, memory_limit_mb) as solo:
         try:
             return solo.submit(
-                _bounded, parse, _timeout_of(limits), str(job.path), chunker, limits, collection
+                _bounded,
+                parse,
+                marks.timeout,
+                marks.path(key),
+                str(job.path),
+                chunker,
+                limits,
+                collection,
             ).result()
         except BrokenProcessPool:
-            return _died(limits, started, memory_limit_mb)
+            return _died(limits, marks.timed_out(key), memory_limit_mb)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ingest.batch import (
+    STOPPED,
     FileResult,
     IngestReport,
     UploadParsers,
@@ -199,12 +201,17 @@ class LocalIndex:
             raise InvalidArgument.for_field("paths", "no PDF files under the paths given")
         started = time.perf_counter()
         # Shielded: a caller that goes away (cancel, deadline) must not release the lock while
-        # the worker thread still writes; the next write waits for this one to end.
-        report = await asyncio.shield(
-            asyncio.ensure_future(
-                self._ingest_locked(files, documents, collection, replace_other_paths, allowed)
-            )
+        # the worker thread still writes; the next write waits for this one to end. The job
+        # itself stops before its next document: nobody waits for the rest.
+        stop = threading.Event()
+        job = asyncio.ensure_future(
+            self._ingest_locked(files, documents, collection, replace_other_paths, allowed, stop)
         )
+        try:
+            report = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
         report.seconds = time.perf_counter() - started
         return report, self.info()
 
@@ -238,9 +245,12 @@ class LocalIndex:
         collection: str,
         replace_other_paths: bool,
         allowed: frozenset[str] | None,
+        stop: threading.Event,
     ) -> IngestReport:
         async with self._lock:
             report = IngestReport()
+            if stop.is_set():  # cancelled while waiting for the lock: nothing to do
+                return report
             foreign = [f for f in files if self._foreign(f.name, allowed)]
             files = [f for f in files if f not in foreign]
             if files:  # the batch job itself: size limit, duplicate ids, same-name guard
@@ -250,10 +260,11 @@ class LocalIndex:
                     False,
                     collection=collection,
                     replace_other_paths=replace_other_paths,
+                    stop=stop,
                 )
             report.results[:0] = [_taken(str(f)) for f in foreign]
             report.results += await self._ingest_uploads(
-                documents, collection, replace_other_paths, report.results, allowed
+                documents, collection, replace_other_paths, report.results, allowed, stop
             )
             await asyncio.to_thread(self._changed)
         return report
@@ -265,9 +276,11 @@ class LocalIndex:
         replace: bool,
         earlier: Sequence[FileResult],
         allowed: frozenset[str] | None,
+        stop: threading.Event,
     ) -> list[FileResult]:
         """Uploads through the same-name guard as paths: a name taken earlier in this request,
-        or by a document from another source, is FAILED (the latter unless ``replace``)."""
+        or by a document from another source, is FAILED (the latter unless ``replace``); once
+        ``stop`` is set the rest are FAILED without being parsed."""
         refused = duplicate_uploads([name for name, _ in documents], earlier)
         for index, (name, _) in enumerate(documents):
             if index not in refused and self._foreign(name, allowed):
@@ -276,6 +289,9 @@ class LocalIndex:
         for index, (name, data) in enumerate(documents):
             if index in refused:
                 results.append(refused[index])
+                continue
+            if stop.is_set():
+                results.append(FileResult(name, "", "failed", reason=STOPPED))
                 continue
             result = await asyncio.to_thread(
                 ingest_one,

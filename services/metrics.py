@@ -13,15 +13,22 @@ request.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+_log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (
     0.00025,
@@ -205,28 +212,112 @@ class Metrics:
         port: int,
         live: Callable[[], bool] | None = None,
         ready: Callable[[], bool] | None = None,
+        limits: HttpLimits | None = None,
     ) -> MetricsEndpoint:
         """Serve ``/metrics`` on ``host:port`` (0 = any free port) from a daemon thread, and
         the probes ``/healthz`` (``live``) and ``/readyz`` (``ready``) when given: 200 when
-        the callable says yes, else 503. (A kubelet's gRPC probe cannot speak TLS: a port
-        serving mutual TLS is probed here instead.)"""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
-        app = server.get_app()
-        if app is not None and (live is not None or ready is not None):
-            server.set_app(with_probes(app, live, ready))
+        the callable says yes, else 503; any other path is 404. (A kubelet's gRPC probe cannot
+        speak TLS: a port serving mutual TLS is probed here instead.)
+
+        Connections are bounded (:class:`HttpLimits`): clients that open connections and send
+        nothing cannot take the process's file descriptors, which its gRPC ports need too."""
+        limits = limits or HttpLimits()
+        family = _family(host, port)
+        server_class = type(
+            "MetricsServer", (_BoundedWSGIServer,), {"address_family": family, "limits": limits}
+        )
+        handler = type("MetricsHandler", (_QuietHandler,), {"timeout": limits.read_timeout_s})
+        server = server_class((host, port), handler)
+        server.set_app(with_probes(make_wsgi_app(self.registry), live, ready))
+        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+        thread.start()
         return MetricsEndpoint(server, thread)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Bounds of the metrics endpoint. A scrape or a probe takes milliseconds; Prometheus's
+    default scrape timeout is 10 s."""
+
+    max_connections: int = 32
+    """Connections served at once; one more is closed at accept."""
+    read_timeout_s: float = 5.0
+    """A connection that sends nothing for this long is closed."""
+    total_timeout_s: float = 15.0
+    """A connection is closed after this long, however slowly it trickles bytes."""
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr (a scrape every 15 s would drown the server's log)."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib's name)
+        pass
+
+
+class _BoundedWSGIServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most ``limits.max_connections`` of them, each cut after
+    ``limits.total_timeout_s``."""
+
+    daemon_threads = True
+    request_queue_size = 128  # listen backlog: a burst is accepted (and refused) quickly
+    limits = HttpLimits()
+
+    def __init__(self, address: tuple[str, int], handler: type[WSGIRequestHandler]) -> None:
+        self._slots = threading.BoundedSemaphore(self.limits.max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: closed at once, nothing held
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        cut = threading.Timer(self.limits.total_timeout_s, _cut, (request,))
+        cut.daemon = True
+        cut.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            cut.cancel()
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or went away: its connection is closed, nothing to print
+        (the default prints a traceback to stderr)."""
+        _log.debug("metrics connection from %s dropped", client_address, exc_info=True)
+
+
+def _cut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _family(host: str, port: int) -> socket.AddressFamily:
+    """IPv6 for an IPv6 address or a name that resolves only to one."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return infos[0][0]
 
 
 def with_probes(
     app: WSGIApplication, live: Callable[[], bool] | None, ready: Callable[[], bool] | None
 ) -> WSGIApplication:
-    """``app`` with ``/healthz`` and ``/readyz`` answered by ``live`` and ``ready``."""
+    """``app`` at ``/metrics``, ``/healthz`` and ``/readyz`` answered by ``live`` and
+    ``ready`` (404 where not given), 404 elsewhere."""
     probes = {"/healthz": live, "/readyz": ready}
 
     def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        probe = probes.get(environ.get("PATH_INFO", ""))
-        if probe is None:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
             return app(environ, start_response)
+        probe = probes.get(path)
+        if probe is None:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"not found: the metrics are at /metrics\n"]
         try:
             ok = probe()
         except Exception:  # a probe that cannot tell says no

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
+import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -415,6 +416,30 @@ async def start_server(
     return running
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _stop_while_starting(signum: int, frame: object) -> None:
+    """Stop the processes this one started (children first, then theirs), then exit as the
+    signal would have: nothing is served yet, nothing to drain."""
+    logger.warning("%s during start-up: stopping", signal.Signals(signum).name)
+    end_children()
+    logging.shutdown()
+    os._exit(128 + signum)
+
+
+def end_children(grace_s: float = 5.0) -> None:
+    """SIGTERM every process below this one, SIGKILL those still alive after ``grace_s``."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
 async def serve(settings: Settings, exit_when_stopped: bool = False) -> None:
     """Run until SIGTERM/SIGINT, then shut down within the grace period.
 
@@ -422,10 +447,17 @@ async def serve(settings: Settings, exit_when_stopped: bool = False) -> None:
     for worker threads (an ingest, a long model call) that the stop cancelled but cannot
     interrupt: snapshots are committed atomically, so nothing half-written is left.
     """
-    running = await start_server(settings)
+    # A stop signal during the warm-up (minutes with a large model) ends the process at once,
+    # with the processes it started (vLLM's engine and workers would outlive it otherwise).
+    previous = {sig: signal.signal(sig, _stop_while_starting) for sig in STOP_SIGNALS}
+    try:
+        running = await start_server(settings)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     internal = f", internal {running.internal_port}" if running.internal else ""
     metrics = f", metrics {running.metrics_port}" if running.metrics_endpoint else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -22,7 +23,7 @@ from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grp
 from retriever.encoders import SpladeEncoder
 from services.build import build_gateway
 from services.server import RunningServer, start_server
-from tests.conftest import make_indexer, make_settings, stop_beside, write_pdf
+from tests.conftest import MANUAL_PAGES, make_indexer, make_settings, stop_beside, write_pdf
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -232,6 +233,49 @@ async def test_ingest_reports_bad_files_and_lands_the_rest(channel, tmp_path) ->
     )
     assert stats.counters[ingested] >= 1
     assert stats.counters["ragline_ingested_pages_total"] >= 1
+
+
+async def test_an_ingest_whose_caller_left_stops_before_its_next_document(  # type: ignore[no-untyped-def]
+    channel, tmp_path
+) -> None:
+    """The document being written when the deadline passes lands whole; the rest of the
+    request is not written for nobody (and no longer holds the writers' lock)."""
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    names = [f"hurried-{n}.pdf" for n in range(32)]
+    documents = [
+        ragline_pb2.Document(
+            name=name,
+            content=write_pdf(
+                tmp_path / name, [f"Hurried note {n}: the lamp is teal. " + p for p in MANUAL_PAGES]
+            ).read_bytes(),
+        )
+        for n, name in enumerate(names)
+    ]
+    # how long two of them take here, warm: the deadline lets about four of the rest land
+    started = time.monotonic()
+    await stub.Ingest(ragline_pb2.IngestRequest(documents=documents[:2]), timeout=120)
+    deadline = max(0.2, 2 * (time.monotonic() - started))
+    before = (await stub.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)).documents
+    with pytest.raises(grpc.aio.AioRpcError) as left:
+        await stub.Ingest(ragline_pb2.IngestRequest(documents=documents[2:]), timeout=deadline)
+    assert left.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # the next write waits only for the document in flight
+    after = write_pdf(tmp_path / "after.pdf", ["A later note on the teal lamp."])
+    later = await stub.Ingest(
+        ragline_pb2.IngestRequest(
+            documents=[ragline_pb2.Document(name="hurried-after.pdf", content=after.read_bytes())]
+        ),
+        timeout=60,
+    )
+    assert later.results[0].status == ragline_pb2.IngestFileResult.INGESTED
+    stats = await stub.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)
+    landed = stats.documents - before - 1
+    assert 0 <= landed < len(names) // 2, (landed, deadline)
+    for doc_id in [n.removesuffix(".pdf") for n in names] + ["hurried-after"]:
+        try:
+            await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id=doc_id), timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_off_topic_question_is_insufficient_without_the_model(channel) -> None:  # type: ignore[no-untyped-def]

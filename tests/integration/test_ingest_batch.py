@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ import psutil
 import pymupdf
 import pytest
 
-from ingest.batch import Parsed, parse_document, parse_path, run_batch
+from ingest.batch import STOPPED, Parsed, parse_document, parse_path, run_batch
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, read_pdf
 from ragline.types import Chunk
@@ -195,6 +196,9 @@ def parse_or_stall(
     if Path(path).name.startswith("stall"):
         import ctypes
 
+        with Path(path).with_suffix(".attempts").open("a") as attempts:
+            attempts.write("parse\n")
+
         ctypes.CDLL(None).pause()  # returns only on a signal that has a handler
     return parse_path(path, chunker, limits, collection)
 
@@ -220,6 +224,8 @@ def test_a_stalled_parse_is_stopped_and_fails_only_its_file(
     (stalled,) = (r for r in report.results if r.status == "failed")
     assert "longer than 2 s" in stalled.reason, stalled
     assert {c.doc_id for c in index.store.view.chunks} == {"a", "c"}
+    # parsed once: not retried alone (it would stall again), unlike the files in flight
+    assert (tmp_path / "stall.attempts").read_text() == "parse\n"
     assert time.monotonic() - started < 60  # not the hour the stalled parse would take
 
 
@@ -263,6 +269,40 @@ def test_workers_land_documents_as_they_are_parsed_not_behind_a_long_one(
     assert [Path(r.source).name for r in report.results][0] == "a-big.pdf"  # report: file order
     # the largest file went to a worker first; the small ones landed while it was parsed
     assert index.landed[-1] == "a-big" and sorted(index.landed) == ["a-big", "b", "c", "d"]
+
+
+class StoppingIndexer(Indexer):
+    """The real index; the batch is asked to stop while its first document is written."""
+
+    stop: threading.Event
+
+    def put(
+        self,
+        doc_id: str,
+        content_hash: str,
+        chunks: Sequence[Chunk],
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.stop.set()
+        super().put(doc_id, content_hash, chunks, progress)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stopped_batch_lands_the_document_in_hand_and_reports_the_rest(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path], workers: int
+) -> None:
+    for name in ("a.pdf", "b.pdf", "c.pdf", "d.pdf"):
+        make_pdf(name, [f"{name}: " + MANUAL_PAGES[0]])
+    plain = make_indexer(tmp_path / "index", encoder)
+    index = StoppingIndexer(plain.store, plain.sparse)
+    index.stop = threading.Event()
+    index.load()
+    report = run_batch([tmp_path], index, progress=False, workers=workers, stop=index.stop)
+    statuses = [r.status for r in report.results]
+    assert sorted(statuses) == ["failed", "failed", "failed", "ingested"], statuses
+    assert {r.reason for r in report.results if r.status == "failed"} == {STOPPED}
+    (landed,) = (r.doc_id for r in report.results if r.status == "ingested")
+    assert {c.doc_id for c in index.store.view.chunks} == {landed}  # whole, and alone
 
 
 @pytest.mark.slow

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import time
+import urllib.error
 import urllib.request
 
 import pytest
 
-from services.metrics import Metrics, counter, gauge
+from services.metrics import HttpLimits, Metrics, counter, gauge
 
 pytestmark = pytest.mark.unit
 
@@ -75,4 +78,65 @@ def test_the_http_endpoint_serves_histograms_that_move() -> None:
         assert 'ragline_stage_seconds_bucket{le="0.5",stage="ttft"} 1.0' in body
         assert 'ragline_stage_seconds_bucket{le="0.25",stage="ttft"} 0.0' in body
     finally:
+        endpoint.close()
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:  # noqa: S310
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.setblocking(False)  # with a timeout set, recv would wait for data first
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False  # open, nothing sent
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.settimeout(5)
+
+
+def test_the_http_endpoint_serves_its_paths_only_and_bounds_its_connections() -> None:
+    limits = HttpLimits(max_connections=4, read_timeout_s=0.5, total_timeout_s=2.0)
+    endpoint = Metrics().serve_http("127.0.0.1", 0, live=lambda: True, limits=limits)
+    port = endpoint.port
+    idle: list[socket.socket] = []
+    try:
+        assert _status(port, "/metrics") == 200
+        assert _status(port, "/healthz") == 200
+        assert _status(port, "/readyz") == 404  # no readiness callable given
+        assert _status(port, "/metrics/../admin") == 404 and _status(port, "/") == 404
+
+        # 40 connections that send nothing: 4 are held, the rest closed at once
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
+        time.sleep(0.3)
+        held = [s for s in idle if not _closed_by_peer(s)]
+        assert 1 <= len(held) <= 4
+        # ... and the held ones are let go after the read timeout: scrapes get through again
+        deadline = time.monotonic() + 5
+        while any(not _closed_by_peer(s) for s in held) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(_closed_by_peer(s) for s in held)
+        assert _status(port, "/metrics") == 200
+
+        # a client trickling a header byte faster than the read timeout is cut at the total
+        trickle = socket.create_connection(("127.0.0.1", port), timeout=5)
+        idle.append(trickle)
+        trickle.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+        started = time.monotonic()
+        while not _closed_by_peer(trickle) and time.monotonic() - started < 10:
+            try:
+                trickle.sendall(b"a")
+            except OSError:
+                break
+            time.sleep(0.2)
+        assert time.monotonic() - started < 6
+    finally:
+        for s in idle:
+            s.close()
         endpoint.close()

@@ -1,0 +1,91 @@
+"""``ragline serve`` stopped by a signal while it warms up: it exits at once, and takes the
+processes it started with it (a vLLM engine's processes would be left running otherwise)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+# The real `serve`, whose warm-up starts a process (as vLLM starts its engine core) and then
+# takes far longer than the test waits.
+SCRIPT = """
+import asyncio, subprocess, sys, time
+from pathlib import Path
+
+sys.path.insert(0, sys.argv[1])
+from services import server
+from services.build import build_gateway
+from tests.conftest import make_settings
+
+def slow_gateway(settings):
+    gateway = build_gateway(settings)
+
+    def warm_up(generator=True):
+        engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        Path(sys.argv[2], "engine.pid").write_text(str(engine.pid))
+        time.sleep(600)
+
+    gateway.warm_up = warm_up
+    return gateway
+
+if __name__ == "__main__":
+    server.build_gateway = slow_gateway
+    asyncio.run(server.serve(make_settings(Path(sys.argv[2]), sys.argv[3])))
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_during_warm_up_ends_the_server_and_its_children(
+    tmp_path: Path, redis_url: str, sig: signal.Signals
+) -> None:
+    script = tmp_path / "serve.py"
+    script.write_text(SCRIPT)
+    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
+    serving = subprocess.Popen(
+        [sys.executable, str(script), str(ROOT), str(tmp_path), redis_url],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pid_file = tmp_path / "engine.pid"
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and serving.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid_file.exists(), serving.stderr.read() if serving.stderr else ""
+        time.sleep(0.2)  # the pid is written: the engine process runs
+        engine = int(pid_file.read_text())
+        assert not _gone(engine)
+        serving.send_signal(sig)
+        code = serving.wait(timeout=30)  # not the 600 s the warm-up would take
+        assert code == 128 + sig, code
+        deadline = time.monotonic() + 10
+        while not _gone(engine) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(engine)
+        assert f"{sig.name} during start-up" in (serving.stderr.read() if serving.stderr else "")
+    finally:
+        if serving.poll() is None:
+            serving.kill()
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
