@@ -142,12 +142,15 @@ def title_paths(toc: Sequence[Sequence], page_count: int) -> list[tuple[str, ...
 
 
 def text_quality(text: str) -> float:
-    """1.0 for clean text, towards 0 for garbled extraction; empty text scores 0."""
+    """1.0 for clean text, towards 0 for garbled extraction; empty text, or text without a
+    letter or a digit, scores 0."""
     chars = [c for c in text if not c.isspace()]
     if not chars:
         return 0.0
     weird = sum(c == "\ufffd" or unicodedata.category(c) in ("Co", "Cc", "Cn", "Cs") for c in chars)
     alnum = sum(c.isalnum() for c in chars)
+    if not alnum:  # only punctuation and symbols (rules, leader dots): nothing to retrieve
+        return 0.0
     runs = sum(len(m.group(0)) for m in _GLYPH_RUN.finditer(text))
     score = 1.0 - 5.0 * weird / len(chars) - runs / len(chars)
     if alnum / len(chars) < 0.3:

@@ -1156,10 +1156,42 @@ def _no_server(exc: grpc.RpcError) -> bool:
         return True
 
 
+_TLS_FAILURES = (
+    # (what gRPC's details say, lower case; what to do about it)
+    (
+        "hostname verification",
+        "its certificate does not name the host in the target: connect by a name the "
+        "certificate holds (--target / RAGLINE_SERVER_TARGET)",
+    ),
+    (
+        "wrong_version_number",
+        "it does not speak TLS: unset RAGLINE_SERVER_TLS_CA_FILE for it, or check the port",
+    ),
+    (
+        "handshake",
+        "the TLS handshake failed: RAGLINE_SERVER_TLS_CA_FILE must be the CA that signed its "
+        "certificate, and where it asks for a client certificate, "
+        "RAGLINE_SERVER_TLS_CLIENT_CERT_FILE / _KEY_FILE one it trusts",
+    ),
+    (
+        "socket closed",
+        "it closed the connection: if it serves TLS, set RAGLINE_SERVER_TLS_CA_FILE",
+    ),
+)
+
+
 def _no_server_message(args: argparse.Namespace, exc: grpc.RpcError) -> str:
-    """One line: where no server answered, and how to get one that does."""
+    """One line: why nothing answered at the target (nothing listens, or the TLS handshake
+    failed), and what to do about it."""
+    details = exc.details() or ""
+    lowered = details.lower()
+    for failure, advice in _TLS_FAILURES:
+        if failure in lowered:
+            return (
+                f"error: the server at {_target(args)} refused the connection ({details}): {advice}"
+            )
     return (
-        f"error: no ragline server answers at {_target(args)} ({exc.details()}); start one "
+        f"error: no ragline server answers at {_target(args)} ({details}); start one "
         "with `ragline serve` (or `make run`), or point --target / RAGLINE_SERVER_TARGET at "
         "a running one"
     )

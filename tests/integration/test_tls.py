@@ -165,3 +165,46 @@ def test_missing_or_wrong_files_name_the_setting(certs: CertBundle, tmp_path: Pa
         channel_credentials(certs.ca_cert, cert_file=certs.client.cert)
     with pytest.raises(ValueError, match=rf"tls cert_file {re.escape(str(tmp_path))}: cannot read"):
         channel_credentials(certs.ca_cert, tmp_path, certs.client.key)  # a directory
+
+
+async def test_the_cli_says_why_a_tls_connection_failed(
+    certs: CertBundle,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Not "no server answers; start one" when a server answered and the handshake failed:
+    the wrong CA, TLS against a plain port and the reverse, a certificate for another name."""
+    import asyncio
+
+    from services.cli import main
+
+    stranger = make_certs(tmp_path / "stranger")
+    other_ca = make_ca(tmp_path / "ca2")
+    elsewhere = issue(other_ca, tmp_path / "ca2", "elsewhere", ["elsewhere.x"])
+
+    async def cli(port: int, ca: Path | None) -> str:
+        if ca is None:
+            monkeypatch.delenv("RAGLINE_SERVER_TLS_CA_FILE", raising=False)
+        else:
+            monkeypatch.setenv("RAGLINE_SERVER_TLS_CA_FILE", str(ca))
+        argv = ["stats", "--target", f"127.0.0.1:{port}", "--timeout", "10"]
+        assert await asyncio.to_thread(main, argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    async with serve(server_credentials(certs.server.cert, certs.server.key)) as port:
+        assert "must be the CA that signed" in await cli(port, stranger.ca_cert)
+        assert "if it serves TLS, set RAGLINE_SERVER_TLS_CA_FILE" in await cli(port, None)
+    async with serve(server_credentials(elsewhere.cert, elsewhere.key)) as port:
+        assert "does not name the host" in await cli(port, other_ca.cert)
+    plain = grpc.aio.server()
+    port = plain.add_insecure_port("127.0.0.1:0")
+    await plain.start()
+    try:
+        assert "does not speak TLS" in await cli(port, certs.ca_cert)
+    finally:
+        await plain.stop(0)
+    # and nothing listening at all: the hint to start a server
+    assert "start one with `ragline serve`" in await cli(port, None)

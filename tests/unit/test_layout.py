@@ -45,6 +45,8 @@ def test_text_quality_separates_clean_from_garbled() -> None:
     assert text_quality("\ue000\ue001\ue002 abc \ufffd\ufffd") < 0.5
     assert text_quality("ﾂﾂﾂﾂﾂﾂﾂﾂﾂﾂﾂﾂ some text") < 0.5
     assert text_quality("") == 0.0
+    assert text_quality("- - - * * * . . . . | | | --- === ~~~") == 0.0  # under the threshold
+    assert text_quality("-- x --") == 0.5  # a letter: sparse, at the threshold
     # a numeric table is not garbled
     assert text_quality("1 2 3 4\n5.5 6.5 7.5\n10 20 30") >= 0.5
 
