@@ -1062,7 +1062,12 @@ def _client_args(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    unknown = [a for a in given if a not in ("-v", "--verbose", "-h", "--help")]
+    if unknown and all(a.startswith("-") for a in unknown):  # argparse would ask for COMMAND
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (options go after COMMAND)")
+    args = parser.parse_args(given)
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -407,3 +407,15 @@ def test_upload_reports_files_it_cannot_send_and_a_report_it_cannot_write(
     assert main([*argv, "--report", bad]) == 2
     err = capsys.readouterr().err
     assert f"cannot write the report {bad}" in err and "Traceback" not in err
+
+
+def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    from services.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["--bogus"])
+    assert ended.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["-v"])  # no command: argparse's own message
+    assert "required: COMMAND" in capsys.readouterr().err
