@@ -87,7 +87,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.engine == "ray":
         from services.ray_ingest import RayEngine
 
-        sink = engine = RayEngine(indexer, address=args.address, encode_actors=args.encode_actors)
+        sink = engine = RayEngine(
+            indexer,
+            address=args.address,
+            encode_actors=args.encode_actors,
+            memory_limit_mb=i.worker_memory_mib,
+        )
     try:
         collection = check_collection(args.collection)
         report = run_batch(

@@ -24,10 +24,10 @@ import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-from ingest.batch import Parsed, parse_document
+from ingest.batch import Parsed, UploadParsers
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, utf8_name
-from ragline.errors import FailedPrecondition, RaglineError
+from ragline.errors import FailedPrecondition
 from ragline.types import Chunk
 from retriever.backend import IndexBackend
 from retriever.encoders import DenseEncoder, SpladeEncoder
@@ -70,22 +70,35 @@ def encoder_specs(indexer: Indexer[IndexBackend]) -> dict[str, Any]:
     return specs
 
 
+_PARSERS: UploadParsers | None = None
+
+
+def _parsers(memory_limit_mb: int) -> UploadParsers:
+    """This Ray worker's parser process, kept across tasks (Ray reuses its workers)."""
+    global _PARSERS
+    if _PARSERS is None or _PARSERS.memory_limit_mb != memory_limit_mb:
+        _PARSERS = UploadParsers(1, memory_limit_mb)
+    return _PARSERS
+
+
 def _parse(
     batch: dict[str, Any],
     chunker: ChunkerConfig | None,
     limits: PdfLimits | None,
     collection: str,
+    memory_limit_mb: int = 4096,
 ) -> dict[str, list[Any]]:
-    """Ray task: each file's bytes → its parsed document (or why it failed), pickled."""
+    """Ray task: each file's bytes → its parsed document (or why it failed), pickled. Parsed
+    in a child process of the Ray worker, as the local engine's workers parse: capped at
+    ``memory_limit_mb`` and stopped past ``limits.parse_timeout_s``, so a PDF that exhausts
+    memory, crashes the PDF library or stalls it fails alone (and Ray does not retry it)."""
     out: dict[str, list[Any]] = {"path": [], "parsed": []}
     for data, path in zip(batch["bytes"], batch["path"], strict=True):
         try:
-            outcome: Parsed | str = parse_document(
+            outcome: Parsed | str = _parsers(memory_limit_mb)(
                 bytes(data), utf8_name(os.path.basename(path)), chunker, limits, collection
             )
-        except RaglineError as exc:
-            outcome = exc.message
-        except Exception as exc:  # a PDF-library error: this file fails, the batch goes on
+        except Exception as exc:  # the parser reports every error; this is a bug of ours
             outcome = f"parser error: {type(exc).__name__}: {exc}"
         out["path"].append(path)
         out["parsed"].append(pickle.dumps(outcome))
@@ -124,11 +137,13 @@ class RayEngine(Indexer[IndexBackend]):
         address: str = "",
         encode_actors: int = 1,
         parse_cpus: float = 1.0,
+        memory_limit_mb: int = 4096,
     ) -> None:
         super().__init__(indexer.store, indexer.sparse, indexer.dense)
         self.address = address
         self.encode_actors = encode_actors
         self.parse_cpus = parse_cpus
+        self.memory_limit_mb = memory_limit_mb
         self._encoded: dict[str, tuple[Any, Any]] = {}
 
     def put(
@@ -175,7 +190,12 @@ class RayEngine(Indexer[IndexBackend]):
             cast(Any, _parse),  # extra keyword arguments: fn_kwargs
             batch_size=1,
             num_cpus=self.parse_cpus,
-            fn_kwargs={"chunker": chunker, "limits": limits, "collection": collection},
+            fn_kwargs={
+                "chunker": chunker,
+                "limits": limits,
+                "collection": collection,
+                "memory_limit_mb": self.memory_limit_mb,
+            },
         )
         ds = ds.map_batches(
             _EncodeActor,

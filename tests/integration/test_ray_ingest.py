@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ingest.batch import run_batch
+from ingest.pdf import PdfLimits
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from services.ray_ingest import RayEngine
 from tests.conftest import MANUAL_PAGES, make_indexer
@@ -36,6 +37,7 @@ def test_ray_ingest_builds_the_same_index_as_the_local_engine(
     dense_encoder: DenseEncoder,
     make_pdf: Callable[..., Path],
     local_ray: None,
+    r_manuals: Path,
 ) -> None:
     make_pdf("docs/manual.pdf", MANUAL_PAGES)
     make_pdf("docs/parts.pdf", PARTS)
@@ -67,3 +69,21 @@ def test_ray_ingest_builds_the_same_index_as_the_local_engine(
 
     again = run_batch([folder], engine, progress=False, parse_engine=engine.outcomes)
     assert sorted(r.status for r in again.results) == ["failed", "unchanged", "unchanged"]
+
+    # a parse past the timeout is stopped in its Ray worker's parser process (the 124-page
+    # manual takes seconds); the file fails with the reason, and the engine goes on
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "R-intro.pdf").symlink_to(r_manuals / "R-intro.pdf")
+    hurried = run_batch(
+        [slow],
+        engine,
+        limits=PdfLimits(parse_timeout_s=0.3),
+        progress=False,
+        parse_engine=engine.outcomes,
+    )
+    (stopped,) = hurried.results
+    assert stopped.status == "failed" and "longer than 0.3 s" in stopped.reason, stopped
+    extra = make_pdf("more/extra.pdf", ["The frobnicator's spare fuse is rated 5 amperes."])
+    (landed,) = run_batch([extra], engine, progress=False, parse_engine=engine.outcomes).results
+    assert landed.status == "ingested", landed
