@@ -150,7 +150,7 @@ class IngestReport:
         return (
             f"{self.count('ingested')} ingested, {self.count('replaced')} replaced, "
             f"{self.count('unchanged')} unchanged, {self.count('failed')} failed; "
-            f"{self.pages} pages ({self.flagged} flagged), {self.tables} tables, "
+            f"{self.pages} pages ({self.flagged} left out), {self.tables} tables, "
             f"{self.chunks} chunks "
             f"in {self.seconds:.1f} s ({rate:.1f} pages/s)"
         )
@@ -200,7 +200,11 @@ def settings_key(chunker: ChunkerConfig | None, limits: PdfLimits | None) -> str
         ocr += f":max{p.max_ocr_pages}"
     # ids:2 — chunk ids name their document and collection (ingest.chunker.chunk_id_for):
     # documents indexed with the old ids are replaced on their next ingest, not skipped.
-    return f"{windows};min:{c.min_words};tables:{p.tables};ocr:{ocr};q:{p.min_quality};ids:2"
+    navigation = ";nav" if p.navigation_pages else ""  # contents and index pages indexed too
+    return (
+        f"{windows};min:{c.min_words};tables:{p.tables};ocr:{ocr};q:{p.min_quality};ids:2"
+        + navigation
+    )
 
 
 @dataclass(slots=True)

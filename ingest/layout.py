@@ -141,6 +141,44 @@ def title_paths(toc: Sequence[Sequence], page_count: int) -> list[tuple[str, ...
     return paths
 
 
+_LEADER_ENTRY = re.compile(r"(?:\.[ \t]?){4,}\s*(?:\d+|[ivxlc]+)\b(?:\s*[,\u2013-]\s*\d+)*", re.I)
+"""A navigation entry's tail: leader dots, then a page number (or several, or a range)."""
+_LEADER = re.compile(r"(?:\.[ \t]?){4,}")
+_NUMBER_LINE = re.compile(r"^[\s\d.]*$|^\s*[ivxlc]+\s*$", re.I)
+"""A line of section or page numbers alone, or of dots: a table of contents' other column."""
+
+
+def is_navigation(text: str) -> bool:
+    """A table of contents or a back-of-book index: at least 3 entries with leader dots and
+    page numbers, making up at least 40% of the page's lines (not counting lines of numbers
+    alone). Such a page points at content; indexed, its titles match questions and crowd out
+    the pages they name."""
+    entries = len(_LEADER_ENTRY.findall(text))
+    if entries < 3:
+        return False
+    lines = sum(1 for line in text.splitlines() if line.strip() and not _NUMBER_LINE.match(line))
+    return entries >= 0.4 * lines
+
+
+MIN_NAVIGATION_HEAD_WORDS = 12
+"""What a navigation page holds above its first entry is kept when it is at least this many
+words: a title page that also opens the contents keeps its title and authors."""
+
+
+def without_navigation(text: str) -> str:
+    """A navigation page's text above its first entry (less lines of numbers alone), or ""
+    when that is too short to index (a heading such as "Table of Contents"). The entries,
+    and the wrapped first lines of long ones, go."""
+    head = []
+    for line in text.splitlines():
+        if _LEADER_ENTRY.search(line) or _LEADER.search(line):
+            break
+        if line.strip() and not _NUMBER_LINE.match(line):
+            head.append(line.strip())
+    rest = "\n".join(head)
+    return rest if len(rest.split()) >= MIN_NAVIGATION_HEAD_WORDS else ""
+
+
 def text_quality(text: str) -> float:
     """1.0 for clean text, towards 0 for garbled extraction; empty text, or text without a
     letter or a digit, scores 0."""

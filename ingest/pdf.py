@@ -18,10 +18,12 @@ import pymupdf
 from ingest.layout import (
     Block,
     body_text,
+    is_navigation,
     reading_order,
     running_lines,
     text_quality,
     title_paths,
+    without_navigation,
 )
 from ingest.tables import (
     Table,
@@ -34,7 +36,7 @@ from ingest.tables import (
 from ragline.errors import InvalidArgument
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-7"
+PARSER_VERSION = b"ragline-parser-8"
 """Part of a document's identity: a parser change re-ingests unchanged files once."""
 
 
@@ -63,6 +65,9 @@ class PdfLimits:
     layer are left out, named in the report."""
     allow_javascript: bool = False
     """A PDF carrying JavaScript is refused unless this is set."""
+    navigation_pages: bool = False
+    """Index tables of contents and back-of-book indexes too (see
+    :func:`ingest.layout.is_navigation`); by default they are left out."""
     max_stream_bytes: int = 256 * 1024 * 1024
     """A Flate stream inflating past this is a decompression bomb, and the file is refused."""
     parse_timeout_s: float = 1800.0
@@ -94,7 +99,8 @@ class ParsedDocument:
     quality: tuple[float, ...] = ()
     """Text quality per page, 0..1 (see ``ingest.layout.text_quality``)."""
     flagged: tuple[int, ...] = ()
-    """1-based pages kept out of the index: no text, or quality under the threshold."""
+    """1-based pages kept out of the index: no text, quality under the threshold, or a table
+    of contents or index (``navigation``)."""
     tables: tuple[Table, ...] = ()
     """Tables found, in page order; ``TABLE_MARK.format(i)`` marks table i in its page's text."""
     ocr_pages: tuple[int, ...] = ()
@@ -103,6 +109,8 @@ class ParsedDocument:
     """1-based pages with no text layer that could not be OCR'd (Tesseract not installed)."""
     title: str = ""
     """The document's title (see :func:`document_title`); "" when none reads like one."""
+    navigation: tuple[int, ...] = ()
+    """1-based pages left out as a table of contents or an index."""
 
     def flag_reasons(self) -> dict[int, str]:
         """Why each flagged page was left out."""
@@ -113,6 +121,8 @@ class ParsedDocument:
                     "no text layer, not OCR'd (OCR off, tesseract-ocr not installed, or past "
                     "RAGLINE_INGEST_MAX_OCR_PAGES)"
                 )
+            elif n in self.navigation:
+                reasons[n] = "table of contents or index (page references, no content)"
             elif not self.pages[n - 1] and self.quality[n - 1] == 0:
                 reasons[n] = "no text"
             else:
@@ -229,10 +239,19 @@ def read_pdf(
     if not any(pages):
         hint = "" if extracted.ocr_available else "; install tesseract-ocr to OCR it"
         raise bad(f"no extractable text (scanned or image-only PDF{hint})")
+    readable_first = pages[0] if pages and quality[0] >= limits.min_quality else ""
+    title = document_title(metadata_title, readable_first)
+    if not limits.navigation_pages:  # contents and index pages: their entries left out
+        pages = tuple(without_navigation(t) if is_navigation(t) else t for t in pages)
+    navigation = tuple(
+        n
+        for n, (before, after) in enumerate(zip(extracted.texts, pages, strict=True), start=1)
+        if before and not after
+    )
     flagged = tuple(
         n
         for n, (text, q) in enumerate(zip(pages, quality, strict=True), start=1)
-        if not text or q < limits.min_quality
+        if not text or q < limits.min_quality or n in navigation
     )
     pages = tuple("" if n in flagged else text for n, text in enumerate(pages, start=1))
     return ParsedDocument(
@@ -247,7 +266,8 @@ def read_pdf(
         tables=extracted.tables,
         ocr_pages=extracted.ocr_pages,
         unreadable=tuple(n for n in extracted.unreadable if n in flagged),
-        title=document_title(metadata_title, pages[0] if pages else ""),
+        title=title,
+        navigation=navigation,
     )
 
 

@@ -143,8 +143,12 @@ def _print_report(report: IngestReport, args: argparse.Namespace) -> bool:
             if result.ocr_pages:
                 counts += f", OCR on pages {', '.join(map(str, result.ocr_pages))}"
             print(f"{result.status:<9} {result.source} ({counts})")
+        by_reason: dict[str, list[int]] = {}
         for page, why in result.flag_reasons.items():
-            print(f"page left out: {result.source} p.{page}: {why}", file=sys.stderr)
+            by_reason.setdefault(why, []).append(page)
+        for why, pages in by_reason.items():  # one line per reason: "pp. 3-5, 65-68"
+            where = f"p.{pages[0]}" if len(pages) == 1 else f"pp.{_page_ranges(pages)}"
+            print(f"page left out: {result.source} {where}: {why}", file=sys.stderr)
     print(report.summary())
     if args.report:
         try:
@@ -286,6 +290,17 @@ def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _target(args: argparse.Namespace) -> str:
     """Where the client commands connect: --target, else RAGLINE_SERVER_TARGET."""
     return str(getattr(args, "target", None) or Settings().server.target)
+
+
+def _page_ranges(pages: Sequence[int]) -> str:
+    """``[3, 4, 5, 9]`` → ``"3-5, 9"``."""
+    runs: list[list[int]] = []
+    for page in sorted(pages):
+        if runs and page == runs[-1][-1] + 1:
+            runs[-1].append(page)
+        else:
+            runs.append([page])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _fmt_pages(pages: Sequence[int]) -> str:

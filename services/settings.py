@@ -266,6 +266,12 @@ class IngestSettings(BaseSettings):
         "pages past it are left out (named in `ragline ingest`'s report).",
     )
     allow_javascript: bool = Field(False, description="Ingest PDFs that carry JavaScript.")
+    navigation_pages: bool = Field(
+        False,
+        description="Index tables of contents and back-of-book indexes too (by default their "
+        "entries, leader dots and page numbers, are left out: they name content without "
+        "holding it).",
+    )
     max_stream_mib: int = Field(
         256, ge=1, description="A stream inflating past this is a decompression bomb (refused)."
     )
@@ -319,6 +325,7 @@ class IngestSettings(BaseSettings):
             ocr_language=self.ocr_language,
             max_ocr_pages=self.max_ocr_pages,
             allow_javascript=self.allow_javascript,
+            navigation_pages=self.navigation_pages,
             max_stream_bytes=self.max_stream_mib * 1024 * 1024,
             parse_timeout_s=self.parse_timeout_s,
         )

@@ -87,3 +87,20 @@ def test_pages_without_text_are_flagged(make_pdf: Callable[..., Path]) -> None:
     path = make_pdf("gap.pdf", ["First page text.", "", "Third page text."])
     parsed = read_pdf(path.read_bytes(), path.name)
     assert parsed.flagged == (2,)
+
+
+def test_navigation_pages_are_told_from_content_with_dots() -> None:
+    from ingest.layout import is_navigation, without_navigation
+
+    index = "Index\nA\nabacus . . . . . . . . . 4\nadder . . . . . . . . . 7, 9\nB\nbeads. . . . . . . 12–14"
+    assert is_navigation(index) and without_navigation(index) == ""
+    syntax = (
+        "Calls take the form f ( arg1, ...... , argn ) where the dots stand for more.\n"
+        "object [ arg1, ...... , argn ]\nThe object can be any valid expression. See page 12."
+    )
+    assert not is_navigation(syntax)
+    # two entries in a page of prose: a reference, not a table of contents
+    prose = "Set the gauge first.\nSee Calibration . . . . . . 4\nThen Zeroing . . . . . . 6\n" + (
+        "The gauge holds its zero for a week.\n" * 5
+    )
+    assert not is_navigation(prose)

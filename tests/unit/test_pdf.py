@@ -6,7 +6,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from ingest.batch import parse_document
+from ingest.batch import parse_document, settings_key
 from ingest.pdf import PdfLimits, clean_page_text, document_title, read_pdf
 from ragline.errors import InvalidArgument
 
@@ -161,3 +161,42 @@ def test_a_page_crowded_with_marks_is_left_as_it_is() -> None:
 
     assert footnote_marks(page(1)) == {0: [("word", "1")]}
     assert footnote_marks(page(MAX_FOOTNOTES + 1)) == {}
+
+
+def _contents(entries: list[tuple[str, int]]) -> str:
+    return "\n".join(
+        f"{title} " + ". " * (40 - len(title) // 2) + str(page) for title, page in entries
+    )
+
+
+def test_contents_and_index_pages_are_left_out_and_a_title_above_them_kept(
+    make_pdf: Callable[..., Path],
+) -> None:
+    chapters = [
+        ("Unpacking the kiln", 3),
+        ("Levelling the base", 5),
+        ("Wiring the controller", 8),
+        ("First firing", 11),
+        ("Glaze recipes", 14),
+        ("Cleaning the shelves", 17),
+    ]
+    title_block = (
+        "Kiln Owner's Handbook\nPrepared by the workshop of Mara Oduya for the spring course, "
+        "second edition, revised after the winter firings\nContents\n"
+    )
+    index = "Index\n" + _contents([("bisque", 11), ("cone 6", 12), ("kiln wash", 17)])
+    body = "Wiring the controller. The thermocouple lead goes to terminal T2 . . . see below."
+    path = make_pdf(
+        "kiln.pdf", [title_block + _contents(chapters[:3]), _contents(chapters), body, index]
+    )
+    doc = read_pdf(path.read_bytes(), "kiln.pdf")
+    assert doc.navigation == (2, 4) and set(doc.flagged) == {2, 4}
+    assert doc.flag_reasons()[2].startswith("table of contents or index")
+    assert doc.pages[0].startswith("Kiln Owner's Handbook") and "Levelling" not in doc.pages[0]
+    assert "terminal T2" in doc.pages[2]  # a content page with a few dots stays whole
+    assert doc.title == "Kiln Owner's Handbook"
+    # asked for, they are indexed as they are
+    kept = read_pdf(path.read_bytes(), "kiln.pdf", limits=PdfLimits(navigation_pages=True))
+    assert kept.navigation == () and "Glaze recipes" in kept.pages[1]
+    # a changed setting re-ingests unchanged files
+    assert settings_key(None, PdfLimits(navigation_pages=True)) != settings_key(None, None)

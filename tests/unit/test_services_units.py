@@ -419,3 +419,10 @@ def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):
         main(["-v"])  # no command: argparse's own message
     assert "required: COMMAND" in capsys.readouterr().err
+
+
+def test_pages_left_out_are_printed_as_ranges() -> None:
+    from services.cli import _page_ranges
+
+    assert _page_ranges([9, 3, 4, 5, 65, 66, 12]) == "3-5, 9, 12, 65-66"
+    assert _page_ranges([7]) == "7"
