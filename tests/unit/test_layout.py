@@ -92,7 +92,10 @@ def test_pages_without_text_are_flagged(make_pdf: Callable[..., Path]) -> None:
 def test_navigation_pages_are_told_from_content_with_dots() -> None:
     from ingest.layout import is_navigation, without_navigation
 
-    index = "Index\nA\nabacus . . . . . . . . . 4\nadder . . . . . . . . . 7, 9\nB\nbeads. . . . . . . 12–14"
+    index = (
+        "Index\nA\nabacus . . . . . . . . . 4\nadder . . . . . . . . . 7, 9\n"
+        "B\nbeads. . . . . . . 12–14"
+    )
     assert is_navigation(index) and without_navigation(index) == ""
     syntax = (
         "Calls take the form f ( arg1, ...... , argn ) where the dots stand for more.\n"
