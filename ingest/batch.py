@@ -8,6 +8,7 @@ them, so a name with bytes that are not UTF-8 ingests like any other.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -20,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -522,9 +524,12 @@ class _StartMarks:
         except (OSError, ValueError):  # not started (still queued), or not written yet
             return None
 
-    def timed_out(self, key: object) -> bool:
+    def timed_out(self, key: object, at: float | None = None) -> bool:
+        """Whether the task had run for the whole timeout ``at`` (monotonic; default now):
+        the moment its worker died, when that is known."""
         started = self.started(key)
-        return started is not None and time.monotonic() - started >= self.timeout
+        at = time.monotonic() if at is None else at
+        return started is not None and at - started >= self.timeout
 
     def clear(self, key: object) -> None:
         marker = self.path(key)
@@ -552,6 +557,32 @@ def _died(limits: PdfLimits | None, timed_out: bool, memory_limit_mb: int) -> st
         f"the parser process died reading it (over its {memory_limit_mb} MiB memory limit, "
         "RAGLINE_INGEST_WORKER_MEMORY_MIB, or a crash in the PDF library)"
     )
+
+
+class _Stopped(Exception):
+    """The caller set its stop event while a parse was in flight."""
+
+
+def _result(future: Future[Parsed | str], stop: threading.Event | None) -> Parsed | str:
+    """The future's result; with ``stop``, checked four times a second while waiting."""
+    if stop is None:
+        return future.result()
+    while True:
+        try:
+            return future.result(timeout=0.25)
+        except FutureTimeout:
+            if stop.is_set():
+                raise _Stopped from None
+
+
+def _end_pool(executor: ProcessPoolExecutor, now: bool) -> None:
+    """Shut a parser pool down without waiting; ``now``: end its workers too, whatever they
+    are parsing (a parse holds nothing worth keeping, and may run for the parse timeout)."""
+    if now:
+        for process in list((getattr(executor, "_processes", None) or {}).values()):
+            with contextlib.suppress(OSError, ValueError):
+                process.terminate()
+    executor.shutdown(wait=False, cancel_futures=True)
 
 
 ParseFn = Callable[[str, ChunkerConfig | None, PdfLimits | None, str], Parsed | str]
@@ -584,8 +615,10 @@ class UploadParsers:
         chunker: ChunkerConfig | None,
         limits: PdfLimits | None,
         collection: str,
+        stop: threading.Event | None = None,
     ) -> Parsed | str:
-        """Parse in a worker (blocking: call from a thread): the document, or why not."""
+        """Parse in a worker (blocking: call from a thread): the document, or why not. Once
+        ``stop`` is set the worker is ended and the reason is :data:`STOPPED`."""
         marks = _StartMarks(limits)
         try:
             for _ in range(2):
@@ -606,19 +639,22 @@ class UploadParsers:
                     self._discard(executor)
                     continue
                 try:
-                    return future.result()
+                    return _result(future, stop)
                 except BrokenProcessPool:  # it died reading this document
                     self._discard(executor)
                     break
+                except _Stopped:
+                    self._discard(executor, now=True)
+                    return STOPPED
             return _died(limits, marks.timed_out("upload"), self.memory_limit_mb)
         finally:
             marks.close()
 
-    def _discard(self, executor: ProcessPoolExecutor) -> None:
+    def _discard(self, executor: ProcessPoolExecutor, now: bool = False) -> None:
         with self._lock:
             if self._executor is executor:
                 self._executor = None
-        executor.shutdown(wait=False, cancel_futures=True)
+        _end_pool(executor, now)
 
     def close(self) -> None:
         if self._executor is not None:
@@ -743,7 +779,7 @@ def run_batch(
         outcomes = ((job, parse(str(job.path), chunker, limits, collection)) for job in jobs)
     else:
         outcomes = _parse_in_workers(
-            jobs, parse, chunker, limits, collection, workers, memory_limit_mb
+            jobs, parse, chunker, limits, collection, workers, memory_limit_mb, stop
         )
     report.results += _land(outcomes, jobs, sink, progress, stop)
     order = {  # results in the order the files were given
@@ -814,6 +850,7 @@ def _parse_in_workers(
     collection: str,
     workers: int,
     memory_limit_mb: int,
+    stop: threading.Event | None = None,
 ) -> Iterator[tuple[_Job, Parsed | str]]:
     """Parse in a pool of worker processes, largest files first, yielding each document as
     soon as it is parsed, with at most ``2 * workers`` documents in flight. (Largest first and
@@ -821,16 +858,19 @@ def _parse_in_workers(
     it.) A worker that dies (over its memory limit, or a crash in the PDF library) breaks the
     pool: the documents in flight are then retried one at a time in fresh pools, so only the
     one that kills a worker on its own is reported failed; one that ran into the parse
-    timeout is reported at once, not parsed again."""
+    timeout is reported at once, not parsed again. Once ``stop`` is set it ends, and the
+    workers with it, within a quarter of a second."""
 
     def pool(size: int) -> ProcessPoolExecutor:
         return parser_pool(size, memory_limit_mb)
 
-    def alone(key: int, job: _Job) -> Parsed | str:
-        if marks.timed_out(key):  # it ran into the parse timeout: again it would stall
+    def alone(key: int, job: _Job, broke_at: float) -> Parsed | str:
+        if marks.timed_out(key, broke_at):  # it ran into the parse timeout: it would again
             return _died(limits, True, memory_limit_mb)
         marks.clear(key)
-        return _parse_alone(job, key, parse, chunker, limits, collection, memory_limit_mb, marks)
+        return _parse_alone(
+            job, key, parse, chunker, limits, collection, memory_limit_mb, marks, stop
+        )
 
     marks = _StartMarks(limits)
     executor = pool(workers)
@@ -852,7 +892,9 @@ def _parse_in_workers(
                         collection,
                     )
                     pending[future] = queue.popleft()
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                done, _ = wait(pending, 0.25 if stop else None, FIRST_COMPLETED)
+                if stop is not None and stop.is_set():
+                    return  # the finally below ends the workers
                 for future in done:
                     if isinstance(future.exception(), BrokenProcessPool):
                         raise BrokenProcessPool(str(future.exception()))
@@ -860,17 +902,21 @@ def _parse_in_workers(
                     marks.clear(key)
                     yield job, future.result()
             except BrokenProcessPool:
+                broke_at = time.monotonic()  # each task judged by its run until now
                 executor.shutdown(cancel_futures=True)
                 for future, (key, job) in pending.items():
                     if future.done() and future.exception() is None:
                         yield job, future.result()
                     else:
-                        yield job, alone(key, job)
+                        yield job, alone(key, job, broke_at)
                 pending.clear()
                 executor = pool(workers)
                 continue
     finally:
-        executor.shutdown(cancel_futures=True)
+        if stop is not None and stop.is_set():
+            _end_pool(executor, now=True)
+        else:
+            executor.shutdown(cancel_futures=True)
         marks.close()
 
 
@@ -883,18 +929,29 @@ def _parse_alone(
     collection: str,
     memory_limit_mb: int,
     marks: _StartMarks,
+    stop: threading.Event | None = None,
 ) -> Parsed | str:
-    with parser_pool(1, memory_limit_mb) as solo:
-        try:
-            return solo.submit(
-                _bounded,
-                parse,
-                marks.timeout,
-                marks.path(key),
-                str(job.path),
-                chunker,
-                limits,
-                collection,
-            ).result()
-        except BrokenProcessPool:
-            return _died(limits, marks.timed_out(key), memory_limit_mb)
+    solo = parser_pool(1, memory_limit_mb)
+    stopped = False
+    try:
+        future = solo.submit(
+            _bounded,
+            parse,
+            marks.timeout,
+            marks.path(key),
+            str(job.path),
+            chunker,
+            limits,
+            collection,
+        )
+        return _result(future, stop)
+    except BrokenProcessPool:
+        return _died(limits, marks.timed_out(key), memory_limit_mb)
+    except _Stopped:
+        stopped = True
+        return STOPPED
+    finally:
+        if stopped:
+            _end_pool(solo, now=True)
+        else:
+            solo.shutdown(cancel_futures=True)

@@ -1210,6 +1210,12 @@ def _no_server_message(args: argparse.Namespace, exc: grpc.RpcError) -> str:
     failed), and what to do about it."""
     details = exc.details() or ""
     lowered = details.lower()
+    if "socket closed" in lowered and Settings().server.tls_ca_file:
+        return (
+            f"error: the server at {_target(args)} closed the connection ({details}): it may "
+            "want a client certificate its CA signed (RAGLINE_SERVER_TLS_CLIENT_CERT_FILE / "
+            "_KEY_FILE)"
+        )
     for failure, advice in _TLS_FAILURES:
         if failure in lowered:
             return (

@@ -8,6 +8,7 @@ follow every change of the index (the graph's sync) subscribes with :meth:`Local
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import threading
@@ -77,6 +78,13 @@ def _taken(source: str) -> FileResult:
     doc_id = doc_id_for(source)
     reason = f"document id {doc_id!r} is taken by a document you cannot change: rename the file"
     return FileResult(source, doc_id, "failed", reason=reason)
+
+
+def _log_failure(job: asyncio.Future[Any]) -> None:
+    """Log the error of a write whose caller left (else asyncio's "Task exception was never
+    retrieved" would be all that shows)."""
+    if not job.cancelled() and job.exception() is not None:
+        logger.error("a write whose caller left failed", exc_info=job.exception())
 
 
 class LocalIndex:
@@ -211,6 +219,7 @@ class LocalIndex:
             report = await asyncio.shield(job)
         except asyncio.CancelledError:
             stop.set()
+            job.add_done_callback(_log_failure)  # nobody awaits it any more
             raise
         report.seconds = time.perf_counter() - started
         return report, self.info()
@@ -302,7 +311,7 @@ class LocalIndex:
                 self.pdf_limits,
                 collection,
                 replace,
-                self._uploads,
+                None if self._uploads is None else functools.partial(self._uploads, stop=stop),
             )
             results.append(result)
         return results

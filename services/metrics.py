@@ -240,7 +240,8 @@ class HttpLimits:
     default scrape timeout is 10 s."""
 
     max_connections: int = 32
-    """Connections served at once; one more is closed at accept."""
+    """Connections served at once; one more evicts the oldest that has not sent its request
+    yet, or is closed at accept."""
     read_timeout_s: float = 5.0
     """A connection that sends nothing for this long is closed."""
     total_timeout_s: float = 15.0
@@ -248,33 +249,59 @@ class HttpLimits:
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """No access log on stderr (a scrape every 15 s would drown the server's log)."""
+    """No access log on stderr (a scrape every 15 s would drown the server's log); tells the
+    server once its request has arrived (see :class:`_BoundedWSGIServer`)."""
+
+    server: _BoundedWSGIServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib's name)
         pass
 
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.server.request_arrived(self.request)
+        return parsed
+
 
 class _BoundedWSGIServer(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most ``limits.max_connections`` of them, each cut after
-    ``limits.total_timeout_s``."""
+    """A thread per connection, each cut after ``limits.total_timeout_s``. With
+    ``limits.max_connections`` open, a new connection evicts the oldest one that has not sent
+    its request yet (a scraper or a kubelet probe sends it at once: clients that connect and
+    wait cannot keep the probes out); with none to evict, it is closed at accept."""
 
     daemon_threads = True
     request_queue_size = 128  # listen backlog: a burst is accepted (and refused) quickly
     limits = HttpLimits()
 
     def __init__(self, address: tuple[str, int], handler: type[WSGIRequestHandler]) -> None:
-        self._slots = threading.BoundedSemaphore(self.limits.max_connections)
+        self._lock = threading.Lock()
+        self._open: set[Any] = set()  # connections served (not evicted)
+        self._running = 0  # connection threads, evicted ones until they notice
+        self._waiting: dict[Any, None] = {}  # connections before their request, oldest first
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: closed at once, nothing held
-            return
+        with self._lock:
+            if len(self._open) >= self.limits.max_connections:
+                oldest = next(iter(self._waiting), None)
+                if oldest is None or self._running >= 4 * self.limits.max_connections:
+                    self.shutdown_request(request)  # full: closed at once, nothing held
+                    return
+                del self._waiting[oldest]
+                self._open.discard(oldest)
+                _cut(oldest)  # its thread sees the end of the stream and ends
+            self._open.add(request)
+            self._running += 1
+            self._waiting[request] = None
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(request)
             raise
+
+    def request_arrived(self, request: Any) -> None:
+        with self._lock:
+            self._waiting.pop(request, None)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         cut = threading.Timer(self.limits.total_timeout_s, _cut, (request,))
@@ -284,7 +311,13 @@ class _BoundedWSGIServer(ThreadingMixIn, WSGIServer):
             super().process_request_thread(request, client_address)
         finally:
             cut.cancel()
-            self._slots.release()
+            self._release(request)
+
+    def _release(self, request: Any) -> None:
+        with self._lock:
+            self._running -= 1
+            self._open.discard(request)
+            self._waiting.pop(request, None)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that timed out or went away: its connection is closed, nothing to print

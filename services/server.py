@@ -428,16 +428,29 @@ def _stop_while_starting(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
-def end_children(grace_s: float = 5.0) -> None:
-    """SIGTERM every process below this one, SIGKILL those still alive after ``grace_s``."""
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
-    for child in alive:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
+def end_children(grace_s: float = 5.0, rounds: int = 20) -> None:
+    """SIGTERM every process below this one, SIGKILL those still alive after ``grace_s``;
+    again while new ones appear (a warm-up thread may still be starting them)."""
+    me = psutil.Process()
+    for _ in range(rounds):
+        children = [c for c in me.children(recursive=True) if _alive(c)]
+        if not children:
+            return
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.terminate()
+        _, alive = psutil.wait_procs(children, timeout=grace_s)
+        for child in alive:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        grace_s = min(grace_s, 1.0)  # later rounds: processes just started
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 async def serve(settings: Settings, exit_when_stopped: bool = False) -> None:
@@ -452,12 +465,13 @@ async def serve(settings: Settings, exit_when_stopped: bool = False) -> None:
     previous = {sig: signal.signal(sig, _stop_while_starting) for sig in STOP_SIGNALS}
     try:
         running = await start_server(settings)
-    finally:
+    except BaseException:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in STOP_SIGNALS:
+    for sig in STOP_SIGNALS:  # replaces the start-up handler: no moment without one
         loop.add_signal_handler(sig, stop.set)
     internal = f", internal {running.internal_port}" if running.internal else ""
     metrics = f", metrics {running.metrics_port}" if running.metrics_endpoint else ""

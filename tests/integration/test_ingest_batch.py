@@ -3,6 +3,7 @@ bad input, a killed run resumed) writing to a real index."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -229,6 +230,43 @@ def test_a_stalled_parse_is_stopped_and_fails_only_its_file(
     assert time.monotonic() - started < 60  # not the hour the stalled parse would take
 
 
+def parse_slow_or_crash(
+    path: str, chunker: ChunkerConfig | None, limits: PdfLimits | None, collection: str
+) -> Parsed | str:
+    """The real parser, except that ``crash*`` kills its worker after 1 s and ``slow*`` takes
+    2.5 s (under the test's 3 s timeout)."""
+    name = Path(path).name
+    if name.startswith("crash"):
+        time.sleep(1)
+        os._exit(1)
+    if name.startswith("slow"):
+        time.sleep(2.5)
+    return parse_path(path, chunker, limits, collection)
+
+
+def test_a_crash_beside_a_slow_parse_is_no_timeout_for_either(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    """Each document in flight when a worker died is judged by how long it had run then, not
+    by when its retry's turn came (the slow one was failed as a timeout once)."""
+    for name in ("slow.pdf", "crash.pdf"):
+        make_pdf(name, [f"{name}: " + MANUAL_PAGES[0]])
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+    report = run_batch(
+        [tmp_path],
+        index,
+        limits=PdfLimits(parse_timeout_s=3),
+        progress=False,
+        workers=2,
+        parse=parse_slow_or_crash,
+    )
+    results = {Path(r.source).name: r for r in report.results}
+    assert results["slow.pdf"].status == "ingested", results["slow.pdf"]
+    assert results["crash.pdf"].status == "failed"
+    assert "parser process died" in results["crash.pdf"].reason
+
+
 def parse_big_slowly(
     path: str, chunker: ChunkerConfig | None, limits: PdfLimits | None, collection: str
 ) -> Parsed | str:
@@ -303,6 +341,46 @@ def test_a_stopped_batch_lands_the_document_in_hand_and_reports_the_rest(
     assert {r.reason for r in report.results if r.status == "failed"} == {STOPPED}
     (landed,) = (r.doc_id for r in report.results if r.status == "ingested")
     assert {c.doc_id for c in index.store.view.chunks} == {landed}  # whole, and alone
+
+
+def test_a_stopped_batch_does_not_wait_for_a_stalled_parse(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    """Stopped, the batch ends its workers instead of waiting out the parse timeout of a
+    parse still in flight."""
+    for name in ("a.pdf", "stall.pdf"):
+        make_pdf(name, [f"{name}: " + MANUAL_PAGES[0]])
+    plain = make_indexer(tmp_path / "index", encoder)
+    index = StoppingIndexer(plain.store, plain.sparse)
+    index.stop = threading.Event()
+    index.load()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    started = time.monotonic()
+    report = run_batch(
+        [tmp_path],
+        index,
+        limits=PdfLimits(parse_timeout_s=120),
+        progress=False,
+        workers=2,
+        parse=parse_or_stall,
+        stop=index.stop,
+    )
+    statuses = {Path(r.source).name: (r.status, r.reason) for r in report.results}
+    assert statuses == {"a.pdf": ("ingested", ""), "stall.pdf": ("failed", STOPPED)}
+    assert time.monotonic() - started < 60  # not the 120 s the stalled parse was allowed
+
+    def running_workers() -> list[psutil.Process]:
+        alive = []
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if child.pid not in before and child.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(child)
+        return alive
+
+    deadline = time.monotonic() + 10
+    while running_workers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running_workers()  # its workers ended
 
 
 @pytest.mark.slow
@@ -416,6 +494,11 @@ def test_uploads_parse_in_a_worker_that_may_die_alone(tmp_path: Path, r_manuals:
         hurried = PdfLimits(parse_timeout_s=0.2)
         stopped = parsers(big, "R-intro.pdf", None, hurried, "default")
         assert isinstance(stopped, str) and "longer than 0.2 s" in stopped, stopped
+        assert isinstance(parsers(data, "frob.pdf", None, None, "default"), Parsed)
+        # a caller that leaves (an Ingest past its deadline) ends the parse in flight
+        leave = threading.Event()
+        threading.Timer(0.5, leave.set).start()
+        assert parsers(big, "R-intro.pdf", None, None, "default", stop=leave) == STOPPED
         assert isinstance(parsers(data, "frob.pdf", None, None, "default"), Parsed)
     finally:
         parsers.close()

@@ -33,9 +33,14 @@ def slow_gateway(settings):
     gateway = build_gateway(settings)
 
     def warm_up(generator=True):
-        engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        Path(sys.argv[2], "engine.pid").write_text(str(engine.pid))
-        time.sleep(600)
+        # processes keep starting (an engine, then its workers) while the signal is handled
+        pids = Path(sys.argv[2], "pids")
+        for _ in range(12000):
+            engine = subprocess.Popen(["sleep", "600"])
+            with pids.open("a") as out:
+                out.write(f"{engine.pid}\\n")
+            Path(sys.argv[2], "engine.pid").write_text(str(engine.pid))
+            time.sleep(0.05)
 
     gateway.warm_up = warm_up
     return gateway
@@ -72,20 +77,21 @@ def test_a_stop_signal_during_warm_up_ends_the_server_and_its_children(
         while not pid_file.exists() and serving.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pid_file.exists(), serving.stderr.read() if serving.stderr else ""
-        time.sleep(0.2)  # the pid is written: the engine process runs
-        engine = int(pid_file.read_text())
-        assert not _gone(engine)
+        time.sleep(0.5)  # a few started, more coming
+        assert not _gone(int(pid_file.read_text()))
         serving.send_signal(sig)
         code = serving.wait(timeout=30)  # not the 600 s the warm-up would take
         assert code == 128 + sig, code
+        started = [int(pid) for pid in (tmp_path / "pids").read_text().split()]
         deadline = time.monotonic() + 10
-        while not _gone(engine) and time.monotonic() < deadline:
+        while not all(map(_gone, started)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _gone(engine)
+        assert all(map(_gone, started)), [p for p in started if not _gone(p)]
         assert f"{sig.name} during start-up" in (serving.stderr.read() if serving.stderr else "")
     finally:
         if serving.poll() is None:
             serving.kill()
-        if pid_file.exists():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        if (tmp_path / "pids").exists():
+            for pid in (tmp_path / "pids").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)

@@ -197,6 +197,9 @@ async def test_the_cli_says_why_a_tls_connection_failed(
     async with serve(server_credentials(certs.server.cert, certs.server.key)) as port:
         assert "must be the CA that signed" in await cli(port, stranger.ca_cert)
         assert "if it serves TLS, set RAGLINE_SERVER_TLS_CA_FILE" in await cli(port, None)
+    mtls = server_credentials(certs.server.cert, certs.server.key, certs.ca_cert)
+    async with serve(mtls) as port:  # no client certificate
+        assert "RAGLINE_SERVER_TLS_CLIENT_CERT_FILE" in await cli(port, certs.ca_cert)
     async with serve(server_credentials(elsewhere.cert, elsewhere.key)) as port:
         assert "does not name the host" in await cli(port, other_ca.cert)
     plain = grpc.aio.server()
