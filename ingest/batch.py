@@ -881,16 +881,7 @@ def _parse_in_workers(
             try:
                 while queue and len(pending) < 2 * workers:
                     key, job = queue[0]
-                    future = executor.submit(
-                        _bounded,
-                        parse,
-                        marks.timeout,
-                        marks.path(key),
-                        str(job.path),
-                        chunker,
-                        limits,
-                        collection,
-                    )
+                    future = _submit(executor, marks, key, job, parse, chunker, limits, collection)
                     pending[future] = queue.popleft()
                 done, _ = wait(pending, 0.25 if stop else None, FIRST_COMPLETED)
                 if stop is not None and stop.is_set():
@@ -920,6 +911,22 @@ def _parse_in_workers(
         marks.close()
 
 
+def _submit(
+    executor: ProcessPoolExecutor,
+    marks: _StartMarks,
+    key: int,
+    job: _Job,
+    parse: ParseFn,
+    chunker: ChunkerConfig | None,
+    limits: PdfLimits | None,
+    collection: str,
+) -> Future[Parsed | str]:
+    """One file's parse in a worker, bounded by the parse timeout, its start marked."""
+    return executor.submit(
+        _bounded, parse, marks.timeout, marks.path(key), str(job.path), chunker, limits, collection
+    )
+
+
 def _parse_alone(
     job: _Job,
     key: int,
@@ -934,16 +941,7 @@ def _parse_alone(
     solo = parser_pool(1, memory_limit_mb)
     stopped = False
     try:
-        future = solo.submit(
-            _bounded,
-            parse,
-            marks.timeout,
-            marks.path(key),
-            str(job.path),
-            chunker,
-            limits,
-            collection,
-        )
+        future = _submit(solo, marks, key, job, parse, chunker, limits, collection)
         return _result(future, stop)
     except BrokenProcessPool:
         return _died(limits, marks.timed_out(key), memory_limit_mb)
