@@ -428,14 +428,19 @@ def _stop_while_starting(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
-def end_children(grace_s: float = 5.0, rounds: int = 20) -> None:
+def end_children(grace_s: float = 5.0, quiet_s: float = 0.5, limit_s: float = 15.0) -> None:
     """SIGTERM every process below this one, SIGKILL those still alive after ``grace_s``;
-    again while new ones appear (a warm-up thread may still be starting them)."""
+    again until none has been seen for ``quiet_s`` (a warm-up thread may still be starting
+    them: vLLM starts its engine, then the engine its workers), ``limit_s`` at most."""
     me = psutil.Process()
-    for _ in range(rounds):
+    began = quiet_since = time.monotonic()
+    while time.monotonic() - began < limit_s:
         children = [c for c in me.children(recursive=True) if _alive(c)]
         if not children:
-            return
+            if time.monotonic() - quiet_since >= quiet_s:
+                return
+            time.sleep(0.02)
+            continue
         for child in children:
             with contextlib.suppress(psutil.Error):
                 child.terminate()
@@ -444,6 +449,7 @@ def end_children(grace_s: float = 5.0, rounds: int = 20) -> None:
             with contextlib.suppress(psutil.Error):
                 child.kill()
         grace_s = min(grace_s, 1.0)  # later rounds: processes just started
+        quiet_since = time.monotonic()
 
 
 def _alive(process: psutil.Process) -> bool:
