@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from services.settings import MAX_DEADLINE_S, Settings, describe_settings
+from services.settings import MAX_DEADLINE_S, Settings, describe_settings, explain_invalid
 
 if TYPE_CHECKING:
     from ingest.batch import IngestReport
@@ -1103,8 +1103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ValidationError as exc:
+        why = "\n".join(f"  {line}" for line in explain_invalid(exc))
         print(
-            f"error: invalid configuration (flags or RAGLINE_* environment):\n{exc}",
+            f"error: invalid configuration (flags or RAGLINE_* environment):\n{why}",
             file=sys.stderr,
         )
         return 2

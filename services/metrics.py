@@ -336,17 +336,21 @@ def _family(host: str, port: int) -> socket.AddressFamily:
     return infos[0][0]
 
 
+_ALLOW = "GET, HEAD, OPTIONS"
+
+
 def with_probes(
     app: WSGIApplication, live: Callable[[], bool] | None, ready: Callable[[], bool] | None
 ) -> WSGIApplication:
     """``app`` at ``/metrics``, ``/healthz`` and ``/readyz`` answered by ``live`` and
-    ``ready`` (404 where not given), 404 elsewhere."""
+    ``ready`` (404 where not given), 404 elsewhere. GET and HEAD (the same answer without its
+    body: a monitor checking the endpoint) and OPTIONS are served; any other method is 405."""
     probes = {"/healthz": live, "/readyz": ready}
 
-    def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+    def answer(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
-            return app(environ, start_response)
+            return app({**environ, "REQUEST_METHOD": "GET"}, start_response)
         probe = probes.get(path)
         if probe is None:
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
@@ -358,6 +362,30 @@ def with_probes(
         status = "200 OK" if ok else "503 Service Unavailable"
         start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
         return [b"ok\n" if ok else b"not ready\n"]
+
+    def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        if method == "OPTIONS":
+            start_response("200 OK", [("Allow", _ALLOW), ("Content-Length", "0")])
+            return [b""]
+        if method not in ("GET", "HEAD"):
+            start_response(
+                "405 Method Not Allowed",
+                [("Allow", _ALLOW), ("Content-Type", "text/plain; charset=utf-8")],
+            )
+            return [f"method {method[:16]} not allowed: use GET\n".encode("ascii", "replace")]
+        caught: list[Any] = []
+
+        def keep(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            caught[:] = [status, headers]
+            return lambda data: None  # the WSGI write() callable: nothing writes through it
+
+        body = b"".join(answer(environ, keep))
+        status, headers = caught
+        headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        # wsgiref sends whatever the app returns, HEAD or not: a HEAD gets the headers alone
+        return [b"" if method == "HEAD" else body]
 
     return serve
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from generator.models import (
@@ -43,12 +43,19 @@ def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
         )
 
 
+_HOST = r"^[^\s/]+$"  # a name or an address: not empty, no spaces, no scheme or path
+
+
 class ServerSettings(BaseSettings):
     """The gRPC front (``ragline serve``) and the clients' default target."""
 
     model_config = _section("RAGLINE_SERVER_")
 
-    host: str = Field("127.0.0.1", description="Address to bind.")
+    host: str = Field(
+        "127.0.0.1",
+        pattern=_HOST,
+        description="Address to bind (0.0.0.0 or :: = every interface; needs tokens).",
+    )
     port: int = Field(50051, ge=0, le=65535, description="Port to bind (0 = any free port).")
     target: str = Field(
         "127.0.0.1:50051",
@@ -81,7 +88,7 @@ class ServerSettings(BaseSettings):
         "(the one-process deployment calls the stages in-process); 0 = any free port.",
     )
     internal_host: str = Field(
-        "127.0.0.1", description="Address the internal stage services bind to."
+        "127.0.0.1", pattern=_HOST, description="Address the internal stage services bind to."
     )
     max_message_mib: int = Field(
         256, ge=1, le=2047, description="Largest request (an Ingest upload) on the public port."
@@ -152,7 +159,11 @@ class ServerSettings(BaseSettings):
         description="Serve Prometheus metrics over HTTP on this port at /metrics (unset = not "
         "served; GetStats still returns them; 0 = any free port).",
     )
-    metrics_host: str = Field("127.0.0.1", description="Address the metrics endpoint binds to.")
+    metrics_host: str = Field(
+        "127.0.0.1",
+        pattern=_HOST,
+        description="Address the metrics endpoint binds to (0.0.0.0 or :: = every interface).",
+    )
     default_deadline_s: float = Field(
         30.0,
         gt=0,
@@ -170,8 +181,8 @@ class ServerSettings(BaseSettings):
         3600.0,
         gt=0,
         le=MAX_DEADLINE_S,
-        description="The same for Ingest (an ingest whose caller went away still completes: "
-        "documents land whole).",
+        description="The same for Ingest (an ingest whose caller goes away stops after the "
+        "document being written, which lands whole).",
     )
     keepalive_time_ms: int = Field(
         30000,
@@ -918,3 +929,23 @@ def describe_settings() -> str:
         for field_name, info in model.model_fields.items():
             lines.append(f"  {prefix}{field_name.upper()}={info.default}\n      {info.description}")
     return "\n".join(lines)
+
+
+def explain_invalid(exc: ValidationError) -> list[str]:
+    """One line per error of a settings section: the variable, the rule it broke, and what
+    the setting means (pydantic names the field alone; a user sets the variable). The value
+    is never echoed: it may be a secret."""
+    model = next((m for m in SECTIONS.values() if m.__name__ == exc.title), None)
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        loc = [str(part) for part in error["loc"]]
+        section = model
+        if section is None and loc and loc[0] in SECTIONS:  # the whole Settings at once
+            section = SECTIONS[loc.pop(0)]
+        field = section.model_fields.get(loc[0]) if section is not None and loc else None
+        if section is None or field is None:  # a rule across fields names its variables
+            lines.append(error["msg"].removeprefix("Value error, "))
+            continue
+        prefix = section.model_config.get("env_prefix", "")
+        lines.append(f"{prefix}{loc[0].upper()}: {error['msg']} ({field.description})")
+    return lines

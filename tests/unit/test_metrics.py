@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import time
 import urllib.error
@@ -142,4 +143,35 @@ def test_the_http_endpoint_serves_its_paths_only_and_bounds_its_connections() ->
     finally:
         for s in idle:
             s.close()
+        endpoint.close()
+
+
+def test_the_http_endpoint_answers_get_head_and_options_only() -> None:
+    """A monitor's HEAD gets the GET's status and length without a body (prometheus_client
+    said 405); a POST to a probe is 405 (it was answered as a GET)."""
+    endpoint = Metrics().serve_http("127.0.0.1", 0, live=lambda: True, ready=lambda: False)
+
+    def ask(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=5)
+        try:
+            conn.request(method, path)
+            reply = conn.getresponse()
+            return reply.status, dict(reply.getheaders()), reply.read()
+        finally:
+            conn.close()
+
+    try:
+        status, headers, body = ask("GET", "/metrics")
+        assert status == 200 and int(headers["Content-Length"]) == len(body) > 0
+        status, headers, body = ask("HEAD", "/metrics")
+        assert status == 200 and int(headers["Content-Length"]) > 0 and body == b""
+        assert ask("HEAD", "/healthz")[0] == 200 and ask("HEAD", "/readyz")[0] == 503
+        assert ask("HEAD", "/elsewhere")[0] == 404
+        for method in ("POST", "PUT", "DELETE", "PATCH"):
+            status, headers, body = ask(method, "/healthz")
+            assert status == 405 and headers["Allow"] == "GET, HEAD, OPTIONS"
+            assert body.startswith(f"method {method} not allowed".encode())
+        status, headers, _ = ask("OPTIONS", "/metrics")
+        assert status == 200 and headers["Allow"] == "GET, HEAD, OPTIONS"
+    finally:
         endpoint.close()

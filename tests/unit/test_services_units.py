@@ -88,7 +88,18 @@ def test_cli_reports_invalid_configuration(
 
     monkeypatch.setenv("RAGLINE_CACHE_TTL_S", "-1")
     assert main(["stats"]) == 2
-    assert "invalid configuration" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid configuration" in err
+    # each error names the variable a user sets and what it means
+    assert "RAGLINE_CACHE_TTL_S: Input should be greater than or equal to 1 (Entry lifetime" in err
+
+    monkeypatch.delenv("RAGLINE_CACHE_TTL_S")
+    monkeypatch.setenv("RAGLINE_SERVER_METRICS_HOST", "")  # getaddrinfo failed on it at start
+    monkeypatch.setenv("RAGLINE_SERVER_TOKEN", "secret value")
+    assert main(["stats"]) == 2
+    err = capsys.readouterr().err
+    assert "RAGLINE_SERVER_METRICS_HOST: String should match pattern" in err
+    assert "RAGLINE_SERVER_TOKEN:" in err and "secret" not in err  # a value is never echoed
 
 
 def test_credibility_questions_refuses_bad_settings_before_loading_anything(
