@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -34,6 +35,8 @@ from ingest.tables import (
     opens_page,
 )
 from ragline.errors import InvalidArgument
+
+_log = logging.getLogger(__name__)
 
 PDF_MAGIC = b"%PDF-"
 PARSER_VERSION = b"ragline-parser-8"
@@ -215,7 +218,7 @@ def read_pdf(
     try:
         doc = pymupdf.open(stream=data, filetype="pdf")
     except Exception as exc:  # PyMuPDF raises several types for broken files
-        raise bad(f"corrupt PDF ({exc})") from exc
+        raise bad(f"corrupt PDF ({_library_says(exc, name)})") from exc
     with doc:
         if doc.needs_pass or doc.is_encrypted:
             raise bad("encrypted PDF (password required)")
@@ -234,7 +237,7 @@ def read_pdf(
                 for level, title, page, *_ in doc.get_toc(simple=True)
             )
         except Exception as exc:
-            raise bad(f"corrupt PDF: text extraction failed ({exc})") from exc
+            raise bad(f"corrupt PDF: text extraction failed ({_library_says(exc, name)})") from exc
     pages, quality = extracted.texts, extracted.quality
     if not any(pages):
         hint = "" if extracted.ocr_available else "; install tesseract-ocr to OCR it"
@@ -273,6 +276,17 @@ def read_pdf(
 
 MAX_TITLE_WORDS = 12
 MAX_TITLE_CHARS = 100
+
+
+def _library_says(exc: Exception, name: str) -> str:
+    """What a parse failure tells the uploader: MuPDF's own message about the document
+    (its first line, clipped); for anything else only the error's type, the rest logged (an
+    OCR engine's or our own error text can name the server's files)."""
+    if isinstance(exc, (pymupdf.FileDataError, pymupdf.mupdf.FzErrorBase)):
+        said = " ".join(str(exc).split("\n", 1)[0].split())
+        return said[:160] or type(exc).__name__
+    _log.warning("parsing %s failed", name, exc_info=exc)
+    return f"{type(exc).__name__}; the server log has the details"
 
 
 def document_title(metadata_title: str, first_page: str) -> str:

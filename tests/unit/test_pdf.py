@@ -39,6 +39,25 @@ def test_bad_input_is_refused_with_a_reason(data: bytes, reason: str) -> None:
     assert info.value.violations[0].field == "document"
 
 
+def test_a_parse_failure_tells_the_uploader_the_library_message_not_the_servers_files(
+    make_pdf: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(InvalidArgument, match=r"corrupt PDF \(Failed to open stream\)"):
+        read_pdf(b"%PDF-1.7\n garbage garbage", "bad.pdf")
+
+    path = make_pdf("fine.pdf", ["A page about kettles."])
+
+    def fails(*_: object) -> None:  # an error from outside MuPDF, e.g. the OCR engine's
+        raise OSError(2, "No such file", "/srv/secret/tessdata/eng.traineddata")
+
+    monkeypatch.setattr("ingest.pdf._extract", fails)
+    with pytest.raises(InvalidArgument) as info:
+        read_pdf(path.read_bytes(), path.name)
+    said = info.value.message
+    assert "text extraction failed (FileNotFoundError; the server log has the details)" in said
+    assert "/srv" not in said and "No such file" not in said
+
+
 def test_encrypted_pdf_is_refused(tmp_path: Path) -> None:
     doc = pymupdf.open()
     doc.new_page().insert_text((72, 72), "secret")
