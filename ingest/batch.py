@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
+import psutil
 from tqdm import tqdm
 
 from ingest.chunker import ChunkerConfig, chunk_pages
@@ -510,9 +511,22 @@ class _StartMarks:
     which task ran into the parse timeout (that one is not retried: it would stall again) and
     time each from its own start, not from when it was queued or its worker spawned."""
 
+    PREFIX = "ragline-parse-"
+
     def __init__(self, limits: PdfLimits | None) -> None:
         self.timeout = _timeout_of(limits)
-        self.folder = Path(tempfile.mkdtemp(prefix="ragline-parse-")) if self.timeout else None
+        self.folder = None
+        if self.timeout:
+            _StartMarks.sweep()
+            self.folder = Path(tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-"))
+
+    @classmethod
+    def sweep(cls) -> None:
+        """Remove the folders of processes that are gone (killed before they could)."""
+        for folder in Path(tempfile.gettempdir()).glob(f"{cls.PREFIX}*-*"):
+            pid = folder.name.removeprefix(cls.PREFIX).split("-", 1)[0]
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                shutil.rmtree(folder, ignore_errors=True)
 
     def path(self, key: object) -> str | None:
         return str(self.folder / str(key)) if self.folder is not None else None

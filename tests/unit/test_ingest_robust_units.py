@@ -70,3 +70,37 @@ def test_duplicate_uploads_refuses_the_later_of_two_names() -> None:
     assert "already used by manual.pdf in this request" in refused[2].reason
     assert "already used by /srv/docs/guide.pdf" in refused[3].reason
     assert duplicate_uploads(["a.pdf", "b.pdf"]) == {}
+
+
+def test_parse_start_marks_of_a_killed_process_are_swept_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marks' folder is removed on close; a process killed first left it behind."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from ingest.batch import _StartMarks
+    from ingest.pdf import PdfLimits
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = tmp_path / f"ragline-parse-{gone.stdout.strip()}-x1"
+    alive = tmp_path / f"ragline-parse-{os.getppid()}-x2"  # another live process's
+    other = tmp_path / "ragline-parse-notapid"
+    for folder in (stale, alive, other):
+        folder.mkdir()
+        (folder / "0").write_text("1.0")
+
+    marks = _StartMarks(PdfLimits(parse_timeout_s=60))
+    assert marks.folder is not None and marks.folder.name.startswith(
+        f"ragline-parse-{os.getpid()}-"
+    )
+    assert not stale.exists() and alive.exists() and other.exists()
+    marks.close()
+    assert not marks.folder.exists()
