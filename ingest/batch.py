@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -494,7 +495,8 @@ def _bounded(
     import signal
 
     if marker is not None:
-        Path(marker).write_text(repr(time.monotonic()))  # system-wide clock on Linux
+        with contextlib.suppress(OSError):  # no mark: a death is then not told as the timeout
+            Path(marker).write_text(repr(time.monotonic()))  # system-wide clock on Linux
     if seconds > 0:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -520,13 +522,31 @@ class _StartMarks:
             _StartMarks.sweep()
             self.folder = Path(tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-"))
 
+    STALE_S = 86400.0
+    """A folder unchanged this long whose process is gone is swept (a task adds a file to it
+    as it starts; a pid can look gone from another PID namespace sharing the temp dir)."""
+
     @classmethod
     def sweep(cls) -> None:
-        """Remove the folders of processes that are gone (killed before they could)."""
+        """Remove the folders of processes that are gone (killed before they could): never
+        one named otherwise, changed within :attr:`STALE_S`, or another user's."""
+        now = time.time()
         for folder in Path(tempfile.gettempdir()).glob(f"{cls.PREFIX}*-*"):
             pid = folder.name.removeprefix(cls.PREFIX).split("-", 1)[0]
-            if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                shutil.rmtree(folder, ignore_errors=True)
+            if not re.fullmatch(r"[1-9][0-9]{0,9}", pid, flags=re.ASCII):
+                continue
+            try:
+                info = folder.lstat()
+                if (
+                    not stat.S_ISDIR(info.st_mode)
+                    or info.st_uid != os.getuid()
+                    or now - info.st_mtime < cls.STALE_S
+                    or psutil.pid_exists(int(pid))
+                ):
+                    continue
+            except (OSError, OverflowError, ValueError):
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
 
     def path(self, key: object) -> str | None:
         return str(self.folder / str(key)) if self.folder is not None else None

@@ -75,10 +75,13 @@ def test_duplicate_uploads_refuses_the_later_of_two_names() -> None:
 def test_parse_start_marks_of_a_killed_process_are_swept_by_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The marks' folder is removed on close; a process killed first left it behind."""
+    """The marks' folder is removed on close; a process killed first left it behind. Only a
+    folder a day old whose process is gone is swept, and no name in the shared temp dir
+    (anyone may create one) stops the batch."""
     import subprocess
     import sys
     import tempfile
+    import time
 
     from ingest.batch import _StartMarks
     from ingest.pdf import PdfLimits
@@ -89,18 +92,25 @@ def test_parse_start_marks_of_a_killed_process_are_swept_by_the_next(
         capture_output=True,
         text=True,
         check=True,
-    )
-    stale = tmp_path / f"ragline-parse-{gone.stdout.strip()}-x1"
-    alive = tmp_path / f"ragline-parse-{os.getppid()}-x2"  # another live process's
-    other = tmp_path / "ragline-parse-notapid"
-    for folder in (stale, alive, other):
+    ).stdout.strip()
+    day_ago = time.time() - 2 * 86400
+    stale = tmp_path / f"ragline-parse-{gone}-x1"
+    recent = tmp_path / f"ragline-parse-{gone}-x2"  # its process may live in another namespace
+    alive = tmp_path / f"ragline-parse-{os.getppid()}-x3"  # another live process's
+    odd = [
+        tmp_path / name
+        for name in ("ragline-parse-notapid", "ragline-parse-\u00b2-x", f"ragline-parse-{10**20}-x")
+    ]
+    for folder in (stale, recent, alive, *odd):
         folder.mkdir()
         (folder / "0").write_text("1.0")
+        if folder is not recent:
+            os.utime(folder, (day_ago, day_ago))
 
     marks = _StartMarks(PdfLimits(parse_timeout_s=60))
-    assert marks.folder is not None and marks.folder.name.startswith(
-        f"ragline-parse-{os.getpid()}-"
-    )
-    assert not stale.exists() and alive.exists() and other.exists()
+    assert marks.folder is not None
+    assert marks.folder.name.startswith(f"ragline-parse-{os.getpid()}-")
+    assert not stale.exists()
+    assert recent.exists() and alive.exists() and all(f.exists() for f in odd)
     marks.close()
     assert not marks.folder.exists()
