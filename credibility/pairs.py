@@ -36,15 +36,24 @@ def read_pairs(path: Path, fmt: PairFormat = "auto") -> list[Pair]:
     """Read labelled pairs; ``auto`` picks the format from the file name and first bytes."""
     if not path.is_file():
         raise InvalidArgument.for_field("pairs", f"{path} is not a file")
-    if fmt == "auto":
-        fmt = _guess_format(path)
     readers = {
         "jsonl": _read_jsonl,
         "squad": _read_squad,
         "msmarco": _read_msmarco,
         "questions": _read_questions,
     }
-    pairs = readers[fmt](path)
+    try:
+        if fmt == "auto":
+            fmt = _guess_format(path)
+        pairs = readers[fmt](path)
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument.for_field(
+            "pairs", f"{path}: not UTF-8 text (byte {exc.start})"
+        ) from None
+    except (TypeError, AttributeError, KeyError) as exc:  # JSON of another shape
+        raise InvalidArgument.for_field(
+            "pairs", f"{path}: not {fmt} pairs ({type(exc).__name__}: {str(exc)[:80]})"
+        ) from None
     if not pairs:
         raise InvalidArgument.for_field("pairs", f"{path} holds no labelled pairs ({fmt})")
     if len({p.label for p in pairs}) < 2:

@@ -18,6 +18,7 @@ from eval.corpus import corpus_manifest_for, ensure_corpus
 from eval.questions import LoadResult, load_beir, load_questions, load_squad2
 from eval.report import build_report, summary_table, write_outputs
 from eval.runner import DEFAULT_BATCH, DEFAULT_CANDIDATES, Runner
+from ragline.errors import InvalidArgument
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,14 +46,33 @@ class EvalOptions:
 
 
 def load_any(path: Path, corpus_dir: Path) -> tuple[LoadResult, list[Path]]:
-    """Questions in any supported format, and the PDFs their corpus needs ingested."""
-    if path.is_dir() and (path / "corpus.jsonl").exists():
-        loaded, texts = load_beir(path)
-        return loaded, _texts_as_pdfs(texts, corpus_dir / f"beir-{path.name}")
-    if path.suffix == ".json":
-        loaded, texts = load_squad2(path)
-        return loaded, _texts_as_pdfs(texts, corpus_dir / f"squad-{path.stem}")
-    loaded = load_questions(path)
+    """Questions in any supported format, and the PDFs their corpus needs ingested.
+
+    Raises:
+        InvalidArgument: not a regular file (or a BEIR folder), not UTF-8, or JSON of
+            another shape.
+    """
+    beir = path.is_dir() and (path / "corpus.jsonl").exists()
+    if not beir and not path.is_file():  # a device would be read forever, a FIFO block
+        what = "a folder without corpus.jsonl (BEIR)" if path.is_dir() else "not a regular file"
+        raise InvalidArgument.for_field("questions", f"{path}: {what}")
+    try:
+        if beir:
+            loaded, texts = load_beir(path)
+            return loaded, _texts_as_pdfs(texts, corpus_dir / f"beir-{path.name}")
+        if path.suffix == ".json":
+            loaded, texts = load_squad2(path)
+            return loaded, _texts_as_pdfs(texts, corpus_dir / f"squad-{path.stem}")
+        loaded = load_questions(path)
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument.for_field(
+            "questions", f"{path}: not UTF-8 text (byte {exc.start})"
+        ) from None
+    except (TypeError, AttributeError, KeyError) as exc:  # JSON of another shape
+        kind = "BEIR" if beir else "SQuAD 2.0 JSON"
+        raise InvalidArgument.for_field(
+            "questions", f"{path}: not {kind} ({type(exc).__name__}: {str(exc)[:80]})"
+        ) from None
     manifest = corpus_manifest_for(path)
     return loaded, ensure_corpus(manifest, corpus_dir) if manifest else []
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, cast, get_args
 
 from ragline.errors import NotFound, PermissionDenied, Unauthenticated, named
+from ragline.files import MIB, read_regular_text
 
 Scope = Literal["read", "ingest", "delete", "internal", "admin"]
 SCOPES: Final[frozenset[str]] = frozenset(get_args(Scope))
@@ -69,6 +70,10 @@ OWN_PREFIX: Final = "/ragline.v1."
 _NAME = re.compile(r"[A-Za-z0-9_.@:-]{1,64}")
 _COLLECTION = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # as services.local_index.check_collection
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+TOKEN_FILE_MAX_BYTES: Final = 4 * MIB
+"""A token file's largest size (tens of thousands of entries): a device or a huge file named
+by mistake is refused, not read until memory runs out."""
+
 _ENTRY_KEYS = frozenset({"name", "sha256", "scopes", "collections"})
 
 
@@ -226,10 +231,7 @@ class TokenRegistry:
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenRegistry:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"token file {path}: cannot read: {exc}") from None
+        text = read_regular_text(path, "token file", TOKEN_FILE_MAX_BYTES)
         return cls.from_json_text(text, f"token file {path}")
 
     @classmethod

@@ -404,7 +404,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace) -> int:
-    from services.auth import TokenRegistry, new_token
+    from ragline.files import read_regular_text
+    from services.auth import TOKEN_FILE_MAX_BYTES, TokenRegistry, new_token
 
     def split(text: str) -> list[str]:
         return [part.strip() for part in text.split(",") if part.strip()]
@@ -413,7 +414,11 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         token, entry = new_token(args.name, split(args.scopes), split(args.collections))
         if args.file:
             path = Path(args.file)
-            existing = path.read_text(encoding="utf-8") if path.exists() else '{"tokens": []}'
+            existing = (
+                read_regular_text(path, "token file", TOKEN_FILE_MAX_BYTES)
+                if path.exists()
+                else '{"tokens": []}'
+            )
             # a file that is not a token file ([] or null, say) is refused, not extended
             TokenRegistry.from_json_text(existing, f"token file {path}")
             data = json.loads(existing)

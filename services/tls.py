@@ -15,7 +15,11 @@ from pathlib import Path
 
 import grpc
 
+from ragline.files import MIB, read_regular
+
 _CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+PEM_MAX_BYTES = MIB
+"""A certificate chain or key file's largest size (a CA bundle is ~200 KiB)."""
 _PRIVATE_KEY = b"PRIVATE KEY-----"  # PKCS#8 "BEGIN PRIVATE KEY", PKCS#1 "BEGIN RSA ...", EC
 
 
@@ -30,12 +34,7 @@ def read_pem(path: str | Path, what: str, marker: bytes = _CERTIFICATE) -> bytes
     Raises:
         ValueError: The file is missing, unreadable, empty or holds no such PEM block.
     """
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{what} {path}: no such file") from None
-    except OSError as exc:
-        raise ValueError(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
+    data = read_regular(path, what, PEM_MAX_BYTES)
     if marker not in data:
         kind = "certificate" if marker == _CERTIFICATE else "private key"
         raise ValueError(f"{what} {path}: no PEM {kind} in it")

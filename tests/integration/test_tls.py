@@ -4,6 +4,7 @@ with ``services.tls`` credentials, and clients with and without the right certif
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -163,8 +164,14 @@ def test_missing_or_wrong_files_name_the_setting(certs: CertBundle, tmp_path: Pa
         channel_credentials(tmp_path / "nope.pem")
     with pytest.raises(ValueError, match="give both"):
         channel_credentials(certs.ca_cert, cert_file=certs.client.cert)
-    with pytest.raises(ValueError, match=rf"tls cert_file {re.escape(str(tmp_path))}: cannot read"):
-        channel_credentials(certs.ca_cert, tmp_path, certs.client.key)  # a directory
+    with pytest.raises(ValueError, match=rf"tls cert_file {re.escape(str(tmp_path))}: a directory"):
+        channel_credentials(certs.ca_cert, tmp_path, certs.client.key)
+    # a device was read until memory ran out; a FIFO blocked the process
+    fifo = tmp_path / "ca.fifo"
+    os.mkfifo(fifo)
+    for odd in ("/dev/zero", fifo):
+        with pytest.raises(ValueError, match=rf"tls ca_file {re.escape(str(odd))}: not a regular"):
+            channel_credentials(odd)
 
 
 async def test_the_cli_says_why_a_tls_connection_failed(

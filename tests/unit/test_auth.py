@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,8 +151,26 @@ def test_from_file_and_merge_with_the_environment(tmp_path: Path) -> None:
 
 def test_unreadable_or_bad_file_names_the_file(tmp_path: Path) -> None:
     missing = tmp_path / "missing.json"
-    with pytest.raises(ValueError, match=rf"token file {re.escape(str(missing))}: cannot read"):
+    with pytest.raises(ValueError, match=rf"token file {re.escape(str(missing))}: no such file"):
         TokenRegistry.from_file(missing)
+    # a device would be read until memory ran out, a FIFO would block start-up forever
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for odd, says in (
+        ("/dev/zero", "not a regular file"),
+        (fifo, "not a regular file"),
+        (tmp_path, "a directory"),
+    ):
+        with pytest.raises(ValueError, match=rf"token file {re.escape(str(odd))}: {says}"):
+            TokenRegistry.from_file(odd)
+    huge = tmp_path / "huge.json"
+    huge.write_bytes(b" " * (4 * 1024 * 1024 + 1))
+    with pytest.raises(ValueError, match="over the limit"):
+        TokenRegistry.from_file(huge)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"tokens": ["caf\xe9"]}')
+    with pytest.raises(ValueError, match=rf"token file {re.escape(str(latin))}: not UTF-8"):
+        TokenRegistry.from_file(latin)
     bad = tmp_path / "bad.json"
     bad.write_text(config(entry(scopes=["nope"])))
     with pytest.raises(ValueError, match=rf"token file {re.escape(str(bad))}: tokens\[0\]"):

@@ -102,6 +102,16 @@ def test_jsonl_round_trip_and_bad_rows(tmp_path: Path) -> None:
     one_class.write_text('{"query": "q", "passage": "p", "label": 1}\n')
     with pytest.raises(InvalidArgument, match="both positive and negative"):
         read_pairs(one_class)
+    # JSON of another shape, or bytes that are not UTF-8: one error naming the file
+    for n, text in enumerate(('{"data": 5}', '{"data": [5]}', "[1]")):
+        shaped = tmp_path / f"shaped{n}.json"
+        shaped.write_text(text)
+        with pytest.raises(InvalidArgument, match=rf"shaped{n}\.json: not squad pairs"):
+            read_pairs(shaped)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"query": "caf\xe9", "passage": "p", "label": 1}\n')
+    with pytest.raises(InvalidArgument, match=r"latin\.jsonl: not UTF-8 text"):
+        read_pairs(latin)
 
 
 def test_squad_v2_gives_positives_impossible_and_other_paragraph_negatives(tmp_path: Path) -> None:

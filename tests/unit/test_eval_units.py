@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,31 @@ def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
     assert [q.id for q in loaded.questions] == ["q1", "q4"]
     assert [e.split(":")[1] for e in loaded.errors] == ["2", "3"]
     assert loaded.questions[0].gold_pages == {("a.pdf", 2)}
+
+
+def test_question_files_of_another_shape_or_kind_are_refused_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    from eval.harness import load_any
+    from ragline.errors import InvalidArgument
+
+    for n, text in enumerate(('{"data": 5}', '{"data": [5]}', "[1]")):
+        shaped = tmp_path / f"shaped{n}.json"
+        shaped.write_text(text)
+        with pytest.raises(InvalidArgument, match=rf"shaped{n}\.json: not SQuAD 2\.0 JSON"):
+            load_any(shaped, tmp_path)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"question": "caf\xe9"}\n')
+    with pytest.raises(InvalidArgument, match=r"latin\.jsonl: not UTF-8 text"):
+        load_any(latin, tmp_path)
+    # a device would be read until memory ran out, a FIFO would block
+    fifo = tmp_path / "q.fifo"
+    os.mkfifo(fifo)
+    for odd in (Path("/dev/zero"), fifo):
+        with pytest.raises(InvalidArgument, match="not a regular file"):
+            load_any(odd, tmp_path)
+    with pytest.raises(InvalidArgument, match="without corpus.jsonl"):
+        load_any(tmp_path, tmp_path)
 
 
 def test_beir_squad_and_trec_formats(tmp_path: Path) -> None:
