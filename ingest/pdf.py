@@ -135,18 +135,21 @@ class ParsedDocument:
 
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _SPACES = re.compile(r"[ \t\u00a0]+")
+_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # all but the newline
 _BLANK_LINES = re.compile(r"\n{3,}")
 
 
 def clean_page_text(text: str) -> str:
-    """Normalise ligatures and odd unicode (NFKC), re-join line-end hyphenation, tidy spaces."""
-    text = unicodedata.normalize("NFKC", text)
+    """Normalise ligatures and odd unicode (NFKC), drop control characters (a PDF's text can
+    map to any code point: an ESC would drive the terminal a passage is printed on), re-join
+    line-end hyphenation, tidy spaces."""
+    text = _CONTROL.sub("", unicodedata.normalize("NFKC", text).replace("\t", " "))
     text = _HYPHEN_BREAK.sub(r"\1\2", text)
     text = _SPACES.sub(" ", text)
     return _BLANK_LINES.sub("\n\n", text).strip()
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff\x00-\x1f\x7f-\x9f]")
 
 
 def utf8_name(name: str | os.PathLike[str]) -> str:
@@ -154,8 +157,9 @@ def utf8_name(name: str | os.PathLike[str]) -> str:
 
     Python holds a name's undecodable bytes as lone surrogates (PEP 383), which no UTF-8
     file, JSON report or protobuf string can carry. Each becomes a visible ``\\xNN`` escape
-    of its byte (``caf\\xe9.pdf``), so two such names stay distinct; other names are
-    returned unchanged.
+    of its byte (``caf\\xe9.pdf``), so two such names stay distinct; so does each control
+    character (a newline, or an ESC that would drive the terminal printing the name); other
+    names are returned unchanged.
     """
     text = os.fspath(name)
     return _SURROGATE.sub(_escape_surrogate, text)
@@ -165,6 +169,8 @@ def _escape_surrogate(match: re.Match[str]) -> str:
     code = ord(match.group())
     if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode carries it
         return f"\\x{code - 0xDC00:02x}"
+    if code <= 0x9F:  # a control character
+        return f"\\x{code:02x}"
     return f"\\u{code:04x}"
 
 

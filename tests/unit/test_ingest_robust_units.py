@@ -25,6 +25,10 @@ def test_utf8_name_escapes_undecodable_bytes_and_keeps_the_rest() -> None:
     assert utf8_name(os.fsdecode(b"caf\xe8.pdf")) != utf8_name(LATIN1)  # stay distinct
     assert utf8_name("café — notes.pdf") == "café — notes.pdf"
     assert utf8_name("odd\ud800.pdf") == "odd\\ud800.pdf"  # any other lone surrogate
+    # control characters would split a report's line or drive the terminal printing it
+    assert utf8_name("esc\x1b[31mred.pdf") == "esc\\x1b[31mred.pdf"
+    assert utf8_name("new\nline\t.pdf") == "new\\x0aline\\x09.pdf"
+    assert doc_id_for("bell\x07.pdf") == "bell\\x07"
     assert utf8_name(utf8_name(LATIN1)) == utf8_name(LATIN1)
     assert doc_id_for(LATIN1) == "caf\\xe9"
 

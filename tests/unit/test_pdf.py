@@ -25,6 +25,13 @@ def test_clean_text_rejoins_hyphenation_and_normalises_ligatures() -> None:
     assert clean_page_text("an exam-\nple of ﬁle   handling") == "an example of file handling"
 
 
+def test_clean_text_drops_control_characters_but_keeps_lines() -> None:
+    """A PDF's text can map glyphs to any code point: an ESC in a passage would drive the
+    terminal that prints it."""
+    text = "red\x1b[31m alert\x07\tnow\r\nnext\x00 line\x85"
+    assert clean_page_text(text) == "red[31m alert now\nnext line"
+
+
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
