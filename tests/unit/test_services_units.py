@@ -437,3 +437,14 @@ def test_pages_left_out_are_printed_as_ranges() -> None:
 
     assert _page_ranges([9, 3, 4, 5, 65, 66, 12]) == "3-5, 9, 12, 65-66"
     assert _page_ranges([7]) == "7"
+
+
+def test_the_cli_prints_control_characters_from_a_server_visibly() -> None:
+    """An index written before names were escaped, or another server, can send an ESC (it
+    would drive the terminal) or a newline (it would forge a line of output)."""
+    from services.cli import _shown
+
+    assert _shown("esc\x1b[31mred.pdf") == "esc\\x1b[31mred.pdf"
+    assert _shown("a\nb\x07") == "a\\x0ab\\x07"
+    assert _shown("line one\nline two\x1b", keep_lines=True) == "line one\nline two\\x1b"
+    assert _shown("café › R-intro") == "café › R-intro"
