@@ -235,11 +235,11 @@ def read_pdf(
         refused = refusal(doc, limits)
         if refused:
             raise bad(refused)
-        metadata_title = _CONTROL.sub("", str((doc.metadata or {}).get("title") or ""))
+        metadata_title = _CONTROL.sub(" ", str((doc.metadata or {}).get("title") or ""))
         try:
             extracted = _extract(doc, limits)
             outline = tuple(
-                (int(level), _CONTROL.sub("", str(title)), int(page))
+                (int(level), _CONTROL.sub(" ", str(title)), int(page))
                 for level, title, page, *_ in doc.get_toc(simple=True)
             )
         except Exception as exc:
