@@ -815,7 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("query", help="the question")
         p.add_argument(
-            "-k", type=_count(0), default=0, help="passages to consider (0 = server default)"
+            "-k", "--k", type=_count(0), default=0, help="passages to consider (0 = server default)"
         )
         _client_args(p)
         p.add_argument(
@@ -886,7 +886,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="also ask Answer (--no-answers: retrieval only)",
     )
-    p.add_argument("-k", type=_count(1), default=100, help="passages retrieved per question")
+    p.add_argument("-k", "--k", type=_count(1), default=100, help="passages retrieved per question")
     p.add_argument(
         "--candidates",
         type=_count(0, 50),
