@@ -321,6 +321,9 @@ class _Tables:
         """dense key → (label, surface)."""
         self.titles: dict[str, list[str]] = {}
         """document title (lower case) → the documents that carry it."""
+        self.collections: dict[str, str] = {}
+        """chunk id → its document's collection (a request limited to some collections walks
+        only what they hold)."""
 
     @classmethod
     def empty(cls) -> _Tables:
@@ -382,9 +385,11 @@ class _Tables:
         postings: dict[str, list[str]] = defaultdict(list)
         edges: dict[str, dict[str, Edge]] = defaultdict(dict)
         titles: dict[str, list[str]] = defaultdict(list)
+        collections: dict[str, str] = {}
         for doc_id, doc in docs.items():
             if doc.title:
                 titles[doc.title].append(doc_id)
+            collections.update(dict.fromkeys(doc.chunks, doc.collection))
             for key, value in doc.entities.items():
                 key = self.aliases.get(key, key)
                 if key in self.dense and key not in self.names:
@@ -408,6 +413,7 @@ class _Tables:
         self.postings = dict(postings)
         self.edges = dict(edges)
         self.titles = dict(titles)
+        self.collections = collections
 
     def label(self, parsed: Mapping[str, list[tuple[str, str, str]]]) -> None:
         """Pass 2: each parsed unit's (subject, verb, object) triples label their edges."""

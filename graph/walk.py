@@ -24,6 +24,11 @@ from graph.entities import common, mentions, normalise
 from ragline.text import MIN_PART_WORDS, TOKEN, content_tokens, parts
 from ragline.types import Chunk, Hit
 
+MAX_SEARCHED_PARTS = 4
+"""Parts of a question searched on their own at most: each is a search (an RPC in a split
+deployment), and only the first few can take the graph's slots anyway; a 2,000-character
+query of 150 short sentences made 150 searches."""
+
 
 @dataclass(frozen=True, slots=True)
 class WalkConfig:
@@ -59,16 +64,23 @@ def link(query: str, tables: _Tables) -> list[str]:
     return linked
 
 
-def named_documents(text: str, tables: _Tables) -> tuple[list[str], str]:
+def named_documents(
+    text: str, tables: _Tables, allowed: Callable[[str], bool] | None = None
+) -> tuple[list[str], str]:
     """The documents a text names by title ("An Introduction to R refers ..."), and the text
-    with those titles taken out (they choose where to search, not what to search for)."""
+    with those titles taken out (they choose where to search, not what to search for). Only
+    documents ``allowed`` (by id) count: a title carried by none of them is plain words, as
+    a made-up one is (else a caller could test another collection's titles)."""
     folded = " ".join(text.split())
     found: list[str] = []
     for title in sorted(tables.titles, key=len, reverse=True):
+        carriers = [d for d in tables.titles[title] if allowed is None or allowed(d)]
+        if not carriers:
+            continue
         match = re.search(rf"(?<!\w){re.escape(title)}(?!\w)", folded.lower())
         if match is None:
             continue
-        found += [d for d in tables.titles[title] if d not in found]
+        found += [d for d in carriers if d not in found]
         folded = f"{folded[: match.start()]} {folded[match.end() :]}"
     return found, " ".join(folded.split())
 
@@ -82,24 +94,44 @@ def _front_matter(hit: Hit) -> bool:
     return not hit.chunk.title_path
 
 
-def _name(tables: _Tables, key: str) -> str:
-    return tables.names.get(key, ("", key))[1]
+def _name(tables: _Tables, key: str, as_written: bool = True) -> str:
+    """An entity as first written in the corpus, or its key (``as_written`` false: the first
+    writing may be another collection's)."""
+    return tables.names.get(key, ("", key))[1] if as_written else key
 
 
-def _relation(tables: _Tables, a: str, b: str) -> str:
-    label = tables.edges[a][b].label
+def _relation(tables: _Tables, a: str, b: str, labelled: bool = True, open_: bool = True) -> str:
+    """``a —verb→ b`` (``labelled`` false: ``co-occurs``); ``open_``: names as written."""
+    label = tables.edges[a][b].label if labelled else CO_OCCURS
     if label == CO_OCCURS:
-        return f"{_name(tables, a)} —{CO_OCCURS}→ {_name(tables, b)}"
+        return f"{_name(tables, a, open_)} —{CO_OCCURS}→ {_name(tables, b, open_)}"
     subject, verb, obj = label.split("|", 2)
-    return f"{_name(tables, subject)} —{verb}→ {_name(tables, obj)}"
+    return f"{_name(tables, subject, open_)} —{verb}→ {_name(tables, obj, open_)}"
 
 
-def walk(index: GraphIndex, query: str, config: WalkConfig | None = None) -> list[GraphHit]:
+def walk(
+    index: GraphIndex,
+    query: str,
+    config: WalkConfig | None = None,
+    collections: frozenset[str] | None = None,
+) -> list[GraphHit]:
     """Chunks the graph reaches from the question's entities, best first (empty: the
-    question names no node, and nothing was done)."""
+    question names no node, and nothing was done).
+
+    ``collections``: walk only what these collections hold (a caller limited to them). The
+    graph is built over every collection; here a node counts only through its chunks in
+    them, a relation only through the chunks in them that hold it (its strength their
+    number), and a relation's verb is shown only when every chunk holding it is theirs (a
+    verb comes from a sentence naming both ends, one of those chunks): nothing another
+    collection says reaches the caller."""
     config = config or WalkConfig()
     tables = index.tables
-    seeds = link(query, tables)
+    mine: Callable[[str], bool] = (
+        (lambda chunk_id: True)
+        if collections is None
+        else (lambda chunk_id: tables.collections.get(chunk_id) in collections)
+    )
+    seeds = [key for key in link(query, tables) if any(map(mine, tables.postings.get(key, ())))]
     if not seeds:
         return []
     n = max(tables.chunks, 1)
@@ -113,26 +145,36 @@ def walk(index: GraphIndex, query: str, config: WalkConfig | None = None) -> lis
     def reach(key: str, weight: float, how: str) -> None:
         gain = weight * idf(key)
         for chunk_id in tables.postings.get(key, ()):
+            if not mine(chunk_id):
+                continue
             scores[chunk_id] = scores.get(chunk_id, 0.0) + gain
             if gain > via.get(chunk_id, (0.0, ""))[0]:
                 via[chunk_id] = (gain, how)
 
     for seed in seeds:
-        reach(seed, 1.0, f"{_name(tables, seed)} (in the question)")
+        reach(seed, 1.0, f"{_name(tables, seed, collections is None)} (in the question)")
     frontier = [(seed, 1.0) for seed in seeds]
     visited = set(seeds)
     for _ in range(min(config.hops, 2)):
         next_frontier: list[tuple[str, float]] = []
         for key, weight in frontier:
-            relations = tables.edges.get(key, {})
-            strongest = sorted(relations.items(), key=lambda kv: (-kv[1].weight, kv[0]))
-            strongest = [(b, e) for b, e in strongest if b not in visited][: config.neighbours]
+            relations: list[tuple[str, int, bool]] = []  # (other end, strength, verb shown)
+            for other, edge in tables.edges.get(key, {}).items():
+                if other in visited:
+                    continue
+                if collections is None:
+                    relations.append((other, edge.weight, True))
+                    continue
+                held = sum(map(mine, edge.sources))
+                if held:
+                    relations.append((other, held, held == len(edge.sources)))
+            strongest = sorted(relations, key=lambda r: (-r[1], r[0]))[: config.neighbours]
             if not strongest:
                 continue
-            top = strongest[0][1].weight
-            for other, edge in strongest:
-                w = weight * 0.5 * edge.weight / top
-                reach(other, w, _relation(tables, key, other))
+            top = strongest[0][1]
+            for other, strength, labelled in strongest:
+                w = weight * 0.5 * strength / top
+                reach(other, w, _relation(tables, key, other, labelled, collections is None))
                 next_frontier.append((other, w))
         visited.update(k for k, _ in next_frontier)
         frontier = next_frontier
@@ -179,16 +221,20 @@ class GraphPath:
         get_chunks: Callable[[Sequence[str]], Sequence[Chunk] | None],
         allowed: Callable[[Chunk], bool],
         append: bool = False,
+        collections: frozenset[str] | None = None,
+        allowed_doc: Callable[[str], bool] | None = None,
     ) -> tuple[list[Hit], bool]:
         """(fused hits, whether the graph path was taken). ``search(text, k, doc_ids)``: the
         request's own retrieval (same options and filters; ``doc_ids`` narrows it further), for
         the parts. A part that names a document by its title is searched, without the title,
-        in that document."""
-        pieces = parts(query)
+        in that document. ``collections`` / ``allowed_doc``: the request's limits, which the
+        walk and the titles a part names keep to (:func:`walk`, :func:`named_documents`).
+        At most :data:`MAX_SEARCHED_PARTS` parts are searched."""
+        pieces = parts(query)[:MAX_SEARCHED_PARTS]
         # Answer takes the walk's chunks only for a question that asks several things: on the
         # dev set, single questions gained no answer from them, and one unanswerable question
         # got a passage through the evidence filter that a wrong answer was quoted from.
-        found = walk(self.index, query, self.config) if pieces or not append else []
+        found = walk(self.index, query, self.config, collections) if pieces or not append else []
         if (not found and not pieces) or self.slots == 0:
             return list(hits), False
         by_id = {g.chunk_id: g for g in found}
@@ -209,7 +255,7 @@ class GraphPath:
         queues: list[list[Hit]] = []
         for number, piece in enumerate(pieces, start=1):
             label = f"part {number} of the question"
-            docs, rest = named_documents(piece, self.index.tables)
+            docs, rest = named_documents(piece, self.index.tables, allowed_doc)
             if docs and len(content_tokens(rest)) >= MIN_PART_WORDS:
                 piece, label = rest, f"{label}, in the document it names"
             else:

@@ -82,7 +82,15 @@ class LocalGraph:
             return (await self.retrieval.search(text, n, narrowed)).hits
 
         hits, used = await self.path.expand(
-            query, result.hits, k, search, self.store.view.get_chunks, allowed, append=append
+            query,
+            result.hits,
+            k,
+            search,
+            self.store.view.get_chunks,
+            allowed,
+            append=append,
+            collections=frozenset(filters.collections) if filters.collections else None,
+            allowed_doc=allowed_doc,
         )
         timings = dict(result.timings_ms, graph=(time.perf_counter() - started) * 1000)
         self.queries += 1

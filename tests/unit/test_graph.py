@@ -287,3 +287,62 @@ def test_a_named_documents_front_matter_goes_after_its_sections() -> None:
     assert used
     assert [h.chunk.chunk_id for h in fused] == [trimming.chunk_id, elsewhere.chunk_id]
     assert fused[0].via == "part 1 of the question, in the document it names"
+
+
+def test_a_walk_limited_to_collections_tells_nothing_another_collection_holds() -> None:
+    """One graph serves every collection: a caller limited to one must not see another's
+    relation verbs, chunks or names as written there, nor learn which titles it holds."""
+    secret = [
+        "Snorp.Init exfiltrates Tarn.Exec. Snorp.Init exfiltrates Tarn.Exec every night.",
+        "Snorp.Init lists frob.cfg, gronk.db, splat.idx, wibble.tab and kelp.bin.",
+        "Tarn.Exec lists qux.fmt, zorb.load, plink.run and ZORBPATH.",
+    ]
+    mine = [
+        "The snorp.init tool reads frob.cfg, gronk.db, splat.idx, wibble.tab and plink.run.",
+        "Separately, tarn.exec prints qux.fmt, zorb.load, ZORBPATH, frob.cfg and gronk.db.",
+    ]
+    memo = [
+        replace(chunk("memo", i, t, "team-b"), doc_title="Project Nightjar Memo")
+        for i, t in enumerate(secret)
+    ]
+    notes = [chunk("notes", i, t, "team-a") for i, t in enumerate(mine)]
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    index.sync({"memo": ("hash-memo", memo), "notes": ("hash-notes", notes)})
+    question = "What does snorp.init do?"
+    everyone = walk(index, question, WalkConfig(hops=2))
+    # unlimited, the other collection's chunks, its writing and its verbs are all there
+    assert any(g.chunk_id.startswith("memo") for g in everyone)
+    assert any("Snorp.Init —read→" in g.via for g in everyone)
+
+    limited = walk(index, question, WalkConfig(hops=2), frozenset({"team-a"}))
+    assert limited and all(g.chunk_id.startswith("notes") for g in limited)
+    for g in limited:
+        assert "Snorp" not in g.via and "Tarn" not in g.via
+        assert "(in the question)" in g.via or "—co-occurs with→" in g.via
+    # a node only the other collection names is not linked at all
+    assert walk(index, "Where is kelp.bin?", WalkConfig(), frozenset({"team-b"}))
+    assert walk(index, "Where is kelp.bin?", WalkConfig(), frozenset({"team-a"})) == []
+
+    # another collection's title is plain words, as a made-up one is
+    text = "As Project Nightjar Memo says, the tool reads files."
+    assert named_documents(text, index.tables)[0] == ["memo"]
+    assert named_documents(text, index.tables, lambda d: d == "notes") == ([], text)
+
+
+def test_a_question_of_many_sentences_searches_a_few_parts() -> None:
+    """Each part is a search (an RPC in a split deployment): a 2,000-character question of
+    short sentences made one per sentence."""
+    from graph.walk import MAX_SEARCHED_PARTS
+
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    index.sync(docs("other"))
+    asked: list[str] = []
+
+    async def search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
+        asked.append(text)
+        return []
+
+    question = " ".join(f"Which amber lamp number {n} glows brightest?" for n in range(150))
+    path = GraphPath(index, WalkConfig(), slots=2)
+    asyncio.run(path.expand(question, [], 10, search, lambda ids: [], lambda c: True))
+    assert len(asked) == MAX_SEARCHED_PARTS
