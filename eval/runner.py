@@ -80,7 +80,7 @@ class Runner:
             try:
                 rows.append(await self.ask(question))
             except grpc.aio.AioRpcError as exc:
-                error = error_from_rpc(exc, "eval")
+                error = error_from_rpc(exc, "eval", verbose=True)
                 if isinstance(error, errors.InvalidArgument) and any(
                     v.field in RUN_FIELDS for v in error.violations
                 ):

@@ -580,7 +580,7 @@ class Gateway:
 
     # -- what GetStats says ------------------------------------------------------------------
     async def models(self, info: IndexInfo | None = None) -> dict[str, str]:
-        """The models behind each stage here (a remote stage: its address); ``info``: the
+        """The models behind each stage here (a remote stage: ``remote:<service>``); ``info``: the
         index's description when the caller has it already."""
         out: dict[str, str] = {}
         if self._index is not None:

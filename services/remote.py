@@ -12,6 +12,7 @@ first use inside the serving event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -30,6 +31,8 @@ from services import convert
 from services.deadlines import time_left
 from services.metrics import Metrics
 from services.stages import IndexInfo
+
+logger = logging.getLogger(__name__)
 
 OpenChannel = Callable[[str], grpc.aio.Channel]
 
@@ -50,9 +53,13 @@ _PASSED_ON = {
 fault (or the deadline passed). Anything else means the stage could not serve."""
 
 
-def error_from_rpc(exc: grpc.aio.AioRpcError, stage: str) -> errors.RaglineError:
+def error_from_rpc(
+    exc: grpc.aio.AioRpcError, stage: str, address: str = "", verbose: bool = False
+) -> errors.RaglineError:
     """The domain error for a failed stage call, with the stage's field violations and retry
-    hint when it sent them."""
+    hint when it sent them. A stage that could not serve is named without its ``address``
+    or gRPC core's text (they describe the deployment to whoever called the gateway; both
+    are logged) unless ``verbose`` (a local tool's own call)."""
     code = exc.code()
     violations: tuple[errors.FieldViolation, ...] = ()
     retry_after_s: float | None = None
@@ -74,9 +81,10 @@ def error_from_rpc(exc: grpc.aio.AioRpcError, stage: str) -> errors.RaglineError
     kind = _PASSED_ON.get(code)
     if kind is not None:
         return kind(exc.details() or code.name, violations=violations, retry_after_s=retry_after_s)
-    return errors.Unavailable(
-        f"{stage}: {code.name}: {exc.details()}", retry_after_s=retry_after_s or RETRY_AFTER_S
-    )
+    where = f"{stage} at {address}" if address else stage
+    logger.warning("%s could not serve: %s: %s", where, code.name, exc.details())
+    said = f"{code.name}: {exc.details()}" if verbose else f"unavailable ({code.name}), retry"
+    return errors.Unavailable(f"{stage}: {said}", retry_after_s=retry_after_s or RETRY_AFTER_S)
 
 
 def _status_of(exc: grpc.aio.AioRpcError) -> Any:
@@ -110,7 +118,8 @@ class StageClient:
 
     @property
     def model_id(self) -> str:
-        return f"remote:{self.address}"
+        """``remote:<service>``: GetStats tells callers a stage is remote, not where."""
+        return f"remote:{self._where()}"
 
     def warm_up(self) -> None:
         return None  # the channel is opened on first use, inside the serving event loop
@@ -131,7 +140,8 @@ class StageClient:
         )
 
     def _where(self) -> str:
-        return f"{self.service.rsplit('.', 1)[-1]} at {self.address}"
+        """The stage, as errors name it to callers (its address goes to the log only)."""
+        return self.service.rsplit(".", 1)[-1]
 
     async def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         """A unary call within the current deadline (and ``timeout_s``, default the
@@ -143,7 +153,7 @@ class StageClient:
             )
         except grpc.aio.AioRpcError as exc:
             self._record(method, exc.code(), started)
-            raise error_from_rpc(exc, self._where()) from exc
+            raise error_from_rpc(exc, self._where(), self.address) from exc
         self._record(method, grpc.StatusCode.OK, started)
         return reply
 
@@ -156,7 +166,7 @@ class StageClient:
                 yield reply
         except grpc.aio.AioRpcError as exc:
             self._record(method, exc.code(), started)
-            raise error_from_rpc(exc, self._where()) from exc
+            raise error_from_rpc(exc, self._where(), self.address) from exc
         finally:
             call.cancel()  # a caller that stopped reading (cancelled) ends the stage's work
         self._record(method, grpc.StatusCode.OK, started)

@@ -120,7 +120,7 @@ async def test_a_request_without_a_deadline_gets_the_servers_default(
 
 
 async def test_a_stage_client_passes_on_the_stages_refusals_and_deadlines(
-    server: RunningServer,
+    server: RunningServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert server.internal_port is not None
     settings = ServerSettings()
@@ -149,6 +149,9 @@ async def test_a_stage_client_passes_on_the_stages_refusals_and_deadlines(
     unreachable = RemoteRetriever("127.0.0.1:1", 2.0, channel)
     with pytest.raises(errors.Unavailable) as down:
         await unreachable.search("frobnicator", 3)
-    assert "RetrieverService at 127.0.0.1:1" in down.value.message
+    # the caller learns which stage, not where it runs or gRPC core's text (the log does)
+    assert down.value.message.startswith("RetrieverService: unavailable")
+    assert "127.0.0.1" not in down.value.message and "connect" not in down.value.message
+    assert any("RetrieverService at 127.0.0.1:1" in r.getMessage() for r in caplog.records)
     assert down.value.retry_after_s is not None
     await unreachable.close()
