@@ -448,3 +448,20 @@ def test_the_cli_prints_control_characters_from_a_server_visibly() -> None:
     assert _shown("a\nb\x07") == "a\\x0ab\\x07"
     assert _shown("line one\nline two\x1b", keep_lines=True) == "line one\nline two\\x1b"
     assert _shown("café › R-intro") == "café › R-intro"
+
+
+def test_k_is_given_as_k_or_double_dash_k() -> None:
+    """argparse took `--k 5` as an abbreviation of `--kind`."""
+    parser = build_parser()
+    assert parser.parse_args(["retrieve", "a question", "--k", "5"]).k == 5
+    assert parser.parse_args(["retrieve", "a question", "-k", "7"]).k == 7
+    evaluating = ["eval", "--questions", "q.jsonl", "--out", "out", "--k", "20"]
+    assert parser.parse_args(evaluating).k == 20
+
+
+def test_a_remote_stage_is_named_by_its_service_not_its_address() -> None:
+    """GetStats and errors tell a caller which stage, not where it runs."""
+    from services.remote import RemoteGenerator, RemoteRetriever
+
+    assert RemoteGenerator("10.0.0.7:50061", 1.0).model_id == "remote:GeneratorService"
+    assert RemoteRetriever("10.0.0.7:50062", 1.0).model_id == "remote:RetrieverService"
