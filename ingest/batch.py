@@ -514,12 +514,17 @@ class _StartMarks:
     time each from its own start, not from when it was queued or its worker spawned."""
 
     PREFIX = "ragline-parse-"
+    _swept = False
+    """Whether this process has swept already (folders are left only by killed processes:
+    once per process is enough, not a listing of the temp dir per upload)."""
 
     def __init__(self, limits: PdfLimits | None) -> None:
         self.timeout = _timeout_of(limits)
         self.folder = None
         if self.timeout:
-            _StartMarks.sweep()
+            if not _StartMarks._swept:
+                _StartMarks._swept = True
+                _StartMarks.sweep()
             self.folder = Path(tempfile.mkdtemp(prefix=f"{self.PREFIX}{os.getpid()}-"))
 
     STALE_S = 86400.0

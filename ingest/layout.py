@@ -171,7 +171,7 @@ def without_navigation(text: str) -> str:
     and the wrapped first lines of long ones, go."""
     head = []
     for line in text.splitlines():
-        if _LEADER_ENTRY.search(line) or _LEADER.search(line):
+        if _LEADER.search(line):  # an entry, or the dots of one wrapped onto its own line
             break
         if line.strip() and not _NUMBER_LINE.match(line):
             head.append(line.strip())

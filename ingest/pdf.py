@@ -34,7 +34,7 @@ from ingest.tables import (
     looks_tabular,
     opens_page,
 )
-from ragline.errors import InvalidArgument
+from ragline.errors import InvalidArgument, visible
 
 _log = logging.getLogger(__name__)
 
@@ -149,9 +149,6 @@ def clean_page_text(text: str) -> str:
     return _BLANK_LINES.sub("\n\n", text).strip()
 
 
-_SURROGATE = re.compile("[\ud800-\udfff\x00-\x1f\x7f-\x9f]")
-
-
 def utf8_name(name: str | os.PathLike[str]) -> str:
     """A file name as valid UTF-8 text, for document ids, reports and gRPC strings.
 
@@ -159,19 +156,9 @@ def utf8_name(name: str | os.PathLike[str]) -> str:
     file, JSON report or protobuf string can carry. Each becomes a visible ``\\xNN`` escape
     of its byte (``caf\\xe9.pdf``), so two such names stay distinct; so does each control
     character (a newline, or an ESC that would drive the terminal printing the name); other
-    names are returned unchanged.
+    names are returned unchanged (:func:`ragline.errors.visible`).
     """
-    text = os.fspath(name)
-    return _SURROGATE.sub(_escape_surrogate, text)
-
-
-def _escape_surrogate(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode carries it
-        return f"\\x{code - 0xDC00:02x}"
-    if code <= 0x9F:  # a control character
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}"
+    return visible(os.fspath(name))
 
 
 def doc_id_for(name: str) -> str:

@@ -6,6 +6,7 @@ Stages raise these without importing grpc: ``code`` is the name of a ``grpc.Stat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -86,3 +87,24 @@ def named(items: Sequence[str], limit: int = 10) -> str:
     shown = [i if len(i) <= 64 else i[:64] + "..." for i in items[:limit]]
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
     return f"{shown}{more}"
+
+
+_UNPRINTABLE = re.compile("[\ud800-\udfff\x00-\x1f\x7f-\x9f]")
+
+
+def visible(text: str, keep_lines: bool = False) -> str:
+    """``text`` safe to store, send and print: each lone surrogate (an undecodable byte of a
+    file name, PEP 383) and each control character (an ESC would drive the terminal, a
+    newline forge a line) as a visible ``\\xNN`` (``\\uNNNN`` for other surrogates); with
+    ``keep_lines``, newlines stay."""
+
+    def escape(match: re.Match[str]) -> str:
+        char = match.group()
+        code = ord(char)
+        if keep_lines and char == "\n":
+            return char
+        if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode carries it
+            return f"\\x{code - 0xDC00:02x}"
+        return f"\\x{code:02x}" if code <= 0x9F else f"\\u{code:04x}"
+
+    return _UNPRINTABLE.sub(escape, text)

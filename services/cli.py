@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import os
-import re
 import signal
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from ragline.errors import visible
 from services.settings import MAX_DEADLINE_S, Settings, describe_settings, explain_invalid
 
 if TYPE_CHECKING:
@@ -130,21 +130,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 2 if not written else 1 if report.count("failed") else 0
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-
-
-def _shown(text: str, keep_lines: bool = False) -> str:
-    """Text from a server or a file name, safe to print: each control character as a visible
-    ``\\xNN`` (an ESC would drive the terminal, a newline forge a line), newlines kept in
-    multi-line text with ``keep_lines``."""
-
-    def escape(match: re.Match[str]) -> str:
-        char = match.group()
-        return char if keep_lines and char == "\n" else f"\\x{ord(char):02x}"
-
-    return _CONTROL.sub(escape, text)
-
-
 def _print_report(report: IngestReport, args: argparse.Namespace) -> bool:
     """An ingest report as `ragline ingest` and `ragline upload` print it: warnings, failed
     files and pages left out (stderr), each file with -v, the summary; the JSON with
@@ -153,18 +138,18 @@ def _print_report(report: IngestReport, args: argparse.Namespace) -> bool:
         print(f"warning: {warning}", file=sys.stderr)
     for result in report.results:
         if result.status == "failed":
-            print(f"FAILED  {_shown(result.source)}: {_shown(result.reason)}", file=sys.stderr)
+            print(f"FAILED  {result.source}: {result.reason}", file=sys.stderr)
         elif args.verbose:
             counts = f"{result.pages} pages, {result.tables} tables, {result.chunks} chunks"
             if result.ocr_pages:
                 counts += f", OCR on pages {', '.join(map(str, result.ocr_pages))}"
-            print(f"{result.status:<9} {_shown(result.source)} ({counts})")
+            print(f"{result.status:<9} {result.source} ({counts})")
         by_reason: dict[str, list[int]] = {}
         for page, why in result.flag_reasons.items():
             by_reason.setdefault(why, []).append(page)
         for why, pages in by_reason.items():  # one line per reason: "pp. 3-5, 65-68"
             where = f"p.{pages[0]}" if len(pages) == 1 else f"pp.{_page_ranges(pages)}"
-            print(f"page left out: {_shown(result.source)} {where}: {why}", file=sys.stderr)
+            print(f"page left out: {result.source} {where}: {why}", file=sys.stderr)
     print(report.summary())
     if args.report:
         try:
@@ -342,17 +327,17 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
     print(f"{len(response.hits)} passages (cache {cache}; {timings})")
     for hit in response.hits:
         c = hit.chunk
-        snippet = _shown(c.text[:240].replace("\n", " "))
+        snippet = visible(c.text[:240].replace("\n", " "))
         stages = " ".join(f"{k}={v:.3g}" for k, v in sorted(hit.stage_scores.items()))
-        where = f"{_shown(c.source)} {_fmt_pages(c.pages)}  ({_shown(c.chunk_id)})"
+        where = f"{visible(c.source)} {_fmt_pages(c.pages)}  ({visible(c.chunk_id)})"
         print(f"\n[{hit.rank}] {hit.score:.3g}  {where}")
         if c.title_path:
-            print(f"    § {_shown(' › '.join(c.title_path))}")
+            print(f"    § {visible(' › '.join(c.title_path))}")
         print(f"    {stages}")
         if hit.terms:
-            print("    terms: " + _shown(", ".join(f"{t.term} {t.weight:.2f}" for t in hit.terms)))
+            print("    terms: " + visible(", ".join(f"{t.term} {t.weight:.2f}" for t in hit.terms)))
         if hit.via:
-            print(f"    graph: {_shown(hit.via)}")
+            print(f"    graph: {visible(hit.via)}")
         print(f"    {snippet}…")
     return 0
 
@@ -386,18 +371,18 @@ def cmd_answer(args: argparse.Namespace) -> int:
             if event.HasField("final"):
                 final = event.final
             else:
-                print(_shown(event.delta, keep_lines=True), end="", flush=True)
+                print(visible(event.delta, keep_lines=True), end="", flush=True)
         print("\n---")
         response = final
     else:
         response = stub.Answer(request, timeout=args.timeout)
     if response is None:
         return 1
-    print(_shown(response.answer, keep_lines=True))
+    print(visible(response.answer, keep_lines=True))
     if response.insufficient:
-        print(f"(insufficient: {_shown(response.reason)})")
+        print(f"(insufficient: {visible(response.reason)})")
     for c in response.citations:
-        print(f"  [{c.number}] {_shown(c.source)} {_fmt_pages(c.pages)}  ({_shown(c.chunk_id)})")
+        print(f"  [{c.number}] {visible(c.source)} {_fmt_pages(c.pages)}  ({visible(c.chunk_id)})")
     return 0
 
 

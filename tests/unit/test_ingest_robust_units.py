@@ -91,6 +91,7 @@ def test_parse_start_marks_of_a_killed_process_are_swept_by_the_next(
     from ingest.pdf import PdfLimits
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_StartMarks, "_swept", False)  # the first marks of a process sweep
     gone = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
@@ -118,3 +119,7 @@ def test_parse_start_marks_of_a_killed_process_are_swept_by_the_next(
     assert recent.exists() and alive.exists() and all(f.exists() for f in odd)
     marks.close()
     assert not marks.folder.exists()
+    stale.mkdir()
+    os.utime(stale, (day_ago, day_ago))
+    _StartMarks(PdfLimits(parse_timeout_s=60)).close()
+    assert stale.exists()  # swept once per process, not on every upload

@@ -442,12 +442,12 @@ def test_pages_left_out_are_printed_as_ranges() -> None:
 def test_the_cli_prints_control_characters_from_a_server_visibly() -> None:
     """An index written before names were escaped, or another server, can send an ESC (it
     would drive the terminal) or a newline (it would forge a line of output)."""
-    from services.cli import _shown
+    from ragline.errors import visible
 
-    assert _shown("esc\x1b[31mred.pdf") == "esc\\x1b[31mred.pdf"
-    assert _shown("a\nb\x07") == "a\\x0ab\\x07"
-    assert _shown("line one\nline two\x1b", keep_lines=True) == "line one\nline two\\x1b"
-    assert _shown("café › R-intro") == "café › R-intro"
+    assert visible("esc\x1b[31mred.pdf") == "esc\\x1b[31mred.pdf"
+    assert visible("a\nb\x07") == "a\\x0ab\\x07"
+    assert visible("line one\nline two\x1b", keep_lines=True) == "line one\nline two\\x1b"
+    assert visible("café › R-intro") == "café › R-intro"
 
 
 def test_k_is_given_as_k_or_double_dash_k() -> None:
