@@ -301,6 +301,7 @@ class Gateway:
         if self.graph is None:
             raise FailedPrecondition("the graph path is off on this server")
         search_options = replace(self.options(options), graph=True)
+        self.graph.check(search_options)
         before = RetrievalResult(list(hits), False, 0)  # the caller keeps its own generation
         return await self.graph.expand(text, before, k, search_options, append)
 

@@ -51,6 +51,13 @@ class LocalGraph:
             logger.info("%s", report.line())
         return report
 
+    def check(self, options: SearchOptions) -> None:
+        """Raises NotFound for a document id or collection of ``options`` the index does not
+        hold (as a search under them would)."""
+        filters = options.filters()
+        if not filters.empty:
+            self.store.view.check(filters)
+
     async def expand(
         self, query: str, result: RetrievalResult, k: int, options: SearchOptions, append: bool
     ) -> tuple[RetrievalResult, bool]:

@@ -249,6 +249,9 @@ class RemoteGraph(StageClient):
     service = "ragline.v1.GraphService"
     stub_class = stages_pb2_grpc.GraphServiceStub
 
+    def check(self, options: SearchOptions) -> None:
+        """Nothing here: the graph role checks the filters of the request it is sent."""
+
     async def expand(
         self, query: str, result: RetrievalResult, k: int, options: SearchOptions, append: bool
     ) -> tuple[RetrievalResult, bool]:

@@ -75,6 +75,11 @@ class IndexStage(Protocol):
 
 
 class GraphStage(Protocol):
+    def check(self, options: SearchOptions) -> None:
+        """Raises NotFound for a document id or collection of ``options`` the index does not
+        hold (a remote stage leaves it to the role serving the graph)."""
+        ...
+
     async def expand(
         self, query: str, result: RetrievalResult, k: int, options: SearchOptions, append: bool
     ) -> tuple[RetrievalResult, bool]:

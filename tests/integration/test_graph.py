@@ -164,6 +164,18 @@ async def test_expand_refuses_bad_input_with_a_clear_status(graph_server: Served
             )
         except grpc.aio.AioRpcError as exc:
             assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for unknown in (common_pb2.Filter(collections=["nope"]), common_pb2.Filter(doc_ids=["x"])):
+            # as the retriever's Search says: a filter naming nothing there is an error, not OK
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await graph.Expand(
+                    stages_pb2.ExpandRequest(
+                        query="tarn.exec",
+                        hits=[hit],
+                        options=common_pb2.SearchOptions(filter=unknown),
+                    )
+                )
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            assert "nope" in err.value.details() or "'x'" in err.value.details()
         ok = await graph.Expand(
             stages_pb2.ExpandRequest(query="What does tarn.exec write?", hits=[hit])
         )
