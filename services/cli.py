@@ -263,11 +263,20 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         print(f"starting {', '.join(cluster.processes)} (logs in {logs}/)", flush=True)
-        await cluster.start()
+        starting = asyncio.create_task(cluster.start())
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # Ctrl-C while the roles load: the roles are in their
+            starting.cancel()  # own process groups, so the signal reached only us
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            return
+        stopping.cancel()
+        starting.result()
         for name, process in cluster.processes.items():
             print(f"  {name:<11} {process.address}  metrics :{process.metrics_port}")
         print(f"ragline serving on {cluster['gateway'].address} (split roles)", flush=True)
-        await stop.wait()
+        await cluster.watch(stop)
 
     try:
         asyncio.run(run())
@@ -782,7 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the split deployment on this machine: every role its own process",
         description="Start the retriever, credibility, graph and generator roles and the "
         "gateway as separate `ragline serve --role` processes on loopback (free ports, each "
-        "with a /metrics port), the gateway on --port; Ctrl-C stops them all. The same shape "
+        "with a /metrics port), the gateway on --port; Ctrl-C stops them all, and so does a "
+        "role that exits (its log's end is printed, the exit status is 1). The same shape "
         "as the Kubernetes deployment (deploy/k8s), for trying and measuring it locally.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -6,6 +6,7 @@ loopback, the gateway chaining them (``ragline cluster``; the split-mode tests a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -47,6 +48,9 @@ class RoleProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        """Start it in a process group of its own: what it starts (vLLM's engine processes)
+        stays in that group, so :meth:`stop` ends them too, even after the role itself died
+        without stopping them (``kill -9``)."""
         with self.log.open("a") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "serve"],
@@ -54,18 +58,34 @@ class RoleProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=Path(__file__).resolve().parent.parent,
+                start_new_session=True,
             )
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM (the server's graceful stop), then SIGKILL past ``timeout_s``."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
+    def exited(self) -> int | None:
+        """Its exit status once it ended (None while it runs or before it started)."""
+        return None if self.process is None else self.process.poll()
+
+    def log_tail(self, size: int = 3000) -> str:
+        """The last ``size`` characters of its log."""
         try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            return self.log.read_text(errors="replace")[-size:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM (the server's graceful stop), then SIGKILL past ``timeout_s``; then SIGKILL
+        to whatever of its process group is left (processes it started and left behind)."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
     def scrape(self) -> str:
         """Its Prometheus ``/metrics`` text."""
@@ -84,8 +104,7 @@ class RoleProcess:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() - started < timeout_s:
                 if self.process is None or self.process.poll() is not None:
-                    tail = self.log.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"role {self.name} exited:\n{tail}")
+                    raise RuntimeError(f"role {self.name} exited:\n{self.log_tail()}")
                 try:
                     reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -154,6 +173,23 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    async def watch(self, stop: asyncio.Event, interval_s: float = 0.5) -> None:
+        """Until ``stop`` is set; a role that exits meanwhile ends the watch.
+
+        Raises:
+            RuntimeError: a role exited (its exit status and its log's tail).
+        """
+        while not stop.is_set():
+            for process in self.processes.values():
+                status = process.exited()
+                if status is not None:
+                    raise RuntimeError(
+                        f"role {process.name} exited with status {status}; the other roles "
+                        f"are stopped. Its log ends:\n{process.log_tail()}"
+                    )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
 
     def stop(self) -> None:
         for process in self.processes.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 import uuid
@@ -224,8 +225,12 @@ async def test_killing_credibility_fails_answers_and_a_restart_heals(cluster: Lo
     credibility, gateway = cluster["credibility"], cluster["gateway"]
     assert credibility.process is not None and gateway.process is not None
     gateway_pid = gateway.process.pid
+    # each role leads a process group of its own (what it starts is ended with it)
+    assert os.getpgid(credibility.process.pid) == credibility.process.pid
     credibility.process.kill()
     credibility.process.wait()
+    with pytest.raises(RuntimeError, match=r"role credibility exited with status -9"):
+        await asyncio.wait_for(cluster.watch(asyncio.Event(), interval_s=0.05), 5)
     async with grpc.aio.insecure_channel(gateway.address) as channel:
         stub = ragline_pb2_grpc.RaglineStub(channel)
         started = time.monotonic()

@@ -1,0 +1,85 @@
+"""The local cluster's process handling, with real processes (no models)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from services.cluster import LocalCluster, RoleProcess
+
+pytestmark = pytest.mark.unit
+
+
+def _role(tmp_path: Path, name: str, script: str) -> RoleProcess:
+    """A role whose process is ``bash -c script`` in a process group of its own, as
+    :meth:`RoleProcess.start` starts ``ragline serve``."""
+    log = tmp_path / f"{name}.log"
+    role = RoleProcess(name, 0, 0, {}, log)
+    with log.open("a") as out:
+        role.process = subprocess.Popen(
+            ["bash", "-c", script], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return role
+
+
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_stop_ends_what_a_killed_role_left_behind(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    role = _role(tmp_path, "generator", f"sleep 300 & echo $! > {pidfile}; wait")
+    deadline = time.monotonic() + 5
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    assert role.process is not None
+    role.process.kill()  # kill -9: the role cannot stop its child
+    role.process.wait()
+    assert not _gone(child, 0.3)  # orphaned, still running
+    role.stop()
+    assert _gone(child)
+
+
+async def test_watch_ends_when_a_role_exits_and_names_it(tmp_path: Path) -> None:
+    cluster = LocalCluster({}, tmp_path, roles=())
+    cluster.processes["retriever"] = _role(tmp_path, "retriever", "sleep 300")
+    cluster.processes["graph"] = _role(tmp_path, "graph", "echo 'index folder missing'; exit 3")
+    try:
+        with pytest.raises(RuntimeError) as err:
+            await asyncio.wait_for(cluster.watch(asyncio.Event(), interval_s=0.05), 10)
+        message = str(err.value)
+        assert "role graph exited with status 3" in message
+        assert "index folder missing" in message  # its log's end
+    finally:
+        cluster.stop()
+    assert cluster["retriever"].exited() == -signal.SIGTERM
+
+
+async def test_watch_returns_when_asked_to_stop(tmp_path: Path) -> None:
+    cluster = LocalCluster({}, tmp_path, roles=())
+    cluster.processes["retriever"] = _role(tmp_path, "retriever", "sleep 300")
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.2, stop.set)
+    try:
+        await asyncio.wait_for(cluster.watch(stop, interval_s=0.05), 10)
+        assert cluster["retriever"].exited() is None
+    finally:
+        cluster.stop()
+    assert os.path.exists(tmp_path / "retriever.log")
