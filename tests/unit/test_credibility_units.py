@@ -399,3 +399,29 @@ def test_llm_written_questions_are_the_held_out_set_when_there_are_enough() -> N
     # Too few LLM questions: a share of all groups, as without them.
     train, calib, test = split_groups(templates + llm[:150], 0.2, 0, "llm_", 0.5)
     assert len(calib + test) == 50
+
+
+def test_the_tokenizer_is_given_only_what_the_model_can_read() -> None:
+    from transformers import AutoTokenizer
+
+    from credibility.model import CHARS_PER_TOKEN, PACKAGED_BASES, check_base, encode_pairs
+
+    tokenizer = AutoTokenizer.from_pretrained(check_base(PACKAGED_BASES[0]))
+    query = "which file does the snorp loader read first, and why?"
+    prose = " ".join(f"The lamp{i} kettle boils water at noon." for i in range(300))
+    for passage in (prose, "word " * 5_000):  # the cut never changes what the model reads
+        cut = encode_pairs(tokenizer, [query], [passage], 64)["input_ids"].tolist()
+        whole = tokenizer(
+            [query], [passage], truncation="longest_first", max_length=64, padding=True
+        )["input_ids"]
+        assert cut == whole
+    seen: list[str] = []
+
+    def spy(queries: list[str], passages: list[str], **kwargs: object) -> object:
+        seen.extend(passages)
+        return tokenizer(queries, passages, **kwargs)
+
+    for endless in ("x," * 10_000, "日本語" * 7_000, "a" * 20_000, "kettle " * 4_000):
+        encode_pairs(spy, [query], [endless], 64)
+    assert seen and all(len(p) <= 64 * CHARS_PER_TOKEN for p in seen)
+    assert len(seen[-1].split()) == 64
