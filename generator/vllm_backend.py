@@ -15,6 +15,8 @@ import atexit
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -22,10 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from generator.verify import TOP_LOGPROBS, yes_share
+from ragline.files import sweep_process_folders
 
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+RPC_PREFIX = "rpc-"
+"""The engine's socket folder in its temporary folder: ``rpc-<pid>-<random>``."""
 
 
 class VllmBackend:
@@ -58,6 +63,7 @@ class VllmBackend:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._load_lock = threading.Lock()
+        self._rpc_dir: Path | None = None
 
     @property
     def engine(self) -> Any:
@@ -97,6 +103,14 @@ class VllmBackend:
             # vLLM reads these from the environment, in this process and in the children it
             # spawns (which inherit it); there is no engine argument for the CPU thread binding.
             os.environ.update(self.engine_environment())
+            # Its ZeroMQ sockets (3 per start, left behind even by a clean shutdown) go to a
+            # folder of this engine's, removed on close; one a killed process left, on the next
+            # start here. Without it they collect in /tmp (the base path is read there before
+            # TMPDIR changes) and in the temporary folder.
+            tmp = Path(os.environ["TMPDIR"])
+            sweep_process_folders(tmp, RPC_PREFIX, 600.0)
+            self._rpc_dir = Path(tempfile.mkdtemp(prefix=f"{RPC_PREFIX}{os.getpid()}-", dir=tmp))
+            os.environ["VLLM_RPC_BASE_PATH"] = str(self._rpc_dir)
             args = AsyncEngineArgs(
                 model=self.model_id,
                 dtype="bfloat16",
@@ -126,6 +140,9 @@ class VllmBackend:
             # The engine sits in reference cycles: free it now, while the interpreter is whole,
             # rather than in its __del__ at teardown.
             gc.collect()
+            if self._rpc_dir is not None:
+                shutil.rmtree(self._rpc_dir, ignore_errors=True)
+                self._rpc_dir = None
 
     def _prompt(self, messages: list[dict[str, str]]) -> dict[str, Any]:
         # The chat template is essential: SmolLM2 answers a raw prompt with nothing at all.

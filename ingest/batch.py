@@ -15,7 +15,6 @@ import multiprocessing
 import os
 import re
 import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -28,13 +27,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-import psutil
 from tqdm import tqdm
 
 from ingest.chunker import ChunkerConfig, chunk_pages
 from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf, utf8_name
 from ragline.errors import InvalidArgument, RaglineError
 from ragline.faults import failpoint
+from ragline.files import sweep_process_folders
 from ragline.types import Chunk
 
 logger = logging.getLogger(__name__)
@@ -533,25 +532,8 @@ class _StartMarks:
 
     @classmethod
     def sweep(cls) -> None:
-        """Remove the folders of processes that are gone (killed before they could): never
-        one named otherwise, changed within :attr:`STALE_S`, or another user's."""
-        now = time.time()
-        for folder in Path(tempfile.gettempdir()).glob(f"{cls.PREFIX}*-*"):
-            pid = folder.name.removeprefix(cls.PREFIX).split("-", 1)[0]
-            if not re.fullmatch(r"[1-9][0-9]{0,9}", pid, flags=re.ASCII):
-                continue
-            try:
-                info = folder.lstat()
-                if (
-                    not stat.S_ISDIR(info.st_mode)
-                    or info.st_uid != os.getuid()
-                    or now - info.st_mtime < cls.STALE_S
-                    or psutil.pid_exists(int(pid))
-                ):
-                    continue
-            except (OSError, OverflowError, ValueError):
-                continue
-            shutil.rmtree(folder, ignore_errors=True)
+        """Remove the folders of processes that are gone (killed before they could)."""
+        sweep_process_folders(Path(tempfile.gettempdir()), cls.PREFIX, cls.STALE_S)
 
     def path(self, key: object) -> str | None:
         return str(self.folder / str(key)) if self.folder is not None else None

@@ -1,10 +1,18 @@
 """Reading the small files an operator names (token files, certificates, question sets):
-regular files only, bounded, never blocking on a FIFO."""
+regular files only, bounded, never blocking on a FIFO; and sweeping the private folders a
+killed process left behind."""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
+import shutil
 import stat
+import time
+from pathlib import Path
+
+import psutil
 
 MIB = 1024 * 1024
 
@@ -53,3 +61,30 @@ def read_regular_text(path: str | os.PathLike[str], what: str, max_bytes: int) -
     except UnicodeDecodeError as exc:
         name = f"{what} {os.fspath(path)}"
         raise ValueError(f"{name}: not UTF-8 text (byte {exc.start})") from None
+
+
+def sweep_process_folders(parent: Path, prefix: str, stale_s: float) -> int:
+    """Remove the folders ``<prefix><pid>-*`` in ``parent`` whose process is gone (killed
+    before it could remove its own); how many went. Never one named otherwise (a pid of ASCII
+    digits only), another user's, or one changed within ``stale_s`` (a pid can look gone from
+    another PID namespace sharing the folder)."""
+    now = time.time()
+    removed = 0
+    for folder in parent.glob(f"{glob.escape(prefix)}*-*"):
+        pid = folder.name.removeprefix(prefix).split("-", 1)[0]
+        if not re.fullmatch(r"[1-9][0-9]{0,9}", pid, flags=re.ASCII):
+            continue
+        try:
+            info = folder.lstat()
+            if (
+                not stat.S_ISDIR(info.st_mode)
+                or info.st_uid != os.getuid()
+                or now - info.st_mtime < stale_s
+                or psutil.pid_exists(int(pid))
+            ):
+                continue
+        except (OSError, OverflowError, ValueError):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += 1
+    return removed

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
+import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -143,3 +146,25 @@ async def test_vllm_gives_the_second_reading_yes_and_no_probabilities(
     # tell these two apart (0.27 vs 0.32 here); the judging itself is tested with Qwen-1.5B
     # in test_llamacpp_backend.py.
     assert 0.0 < right < 1.0 and 0.0 < wrong < 1.0
+
+
+def test_the_engine_keeps_its_sockets_in_a_folder_it_removes(model_dir: Path) -> None:
+    """vLLM leaves its ZeroMQ sockets behind even on a clean shutdown: they go to a folder of
+    the engine's, removed on close; one a killed process left is swept on the next start."""
+    work = ROOT / "var" / "vllm"  # the module's engine's too: the environment is process-wide
+    left = work / "tmp" / f"rpc-999999999-{uuid.uuid4().hex[:8]}"  # no such process
+    left.mkdir(parents=True)
+    os.utime(left, (time.time() - 3600, time.time() - 3600))
+    shared = Path(tempfile.gettempdir())
+    before = {p for p in shared.iterdir() if p.is_socket()}
+    backend = VllmBackend(str(model_dir), threads=2, work_dir=work)
+    backend.warm_up()
+    try:
+        assert not left.exists()
+        folder = backend._rpc_dir
+        assert folder is not None and folder.parent == (work / "tmp").resolve()
+        assert any(p.is_socket() for p in folder.iterdir())
+    finally:
+        backend.close()
+    assert not folder.exists()
+    assert {p for p in shared.iterdir() if p.is_socket()} <= before
