@@ -123,13 +123,20 @@ def _in_margin(block: Block, height: float) -> bool:
     return block.y1 <= height * MARGIN or block.y0 >= height * (1 - MARGIN)
 
 
+MAX_OUTLINE_DEPTH = 16
+"""Outline levels kept as headings (a book's run 3-5 deep; deeper entries are left out)."""
+MAX_HEADING_CHARS = 256
+"""A heading longer than this is cut (every chunk under it carries it, and every stage reads
+it with the passage: a hostile outline stays within 16 x 256 characters)."""
+
+
 def title_paths(toc: Sequence[Sequence], page_count: int) -> list[tuple[str, ...]]:
     """For each page (index 0 = page 1), the outline headings in force at its end."""
     by_page: dict[int, list[tuple[int, str]]] = {}
     for entry in toc:
         level, title, page = int(entry[0]), str(entry[1]).strip(), int(entry[2])
-        if title and 1 <= page <= page_count:
-            by_page.setdefault(page, []).append((level, title))
+        if title and 1 <= page <= page_count and 1 <= level <= MAX_OUTLINE_DEPTH:
+            by_page.setdefault(page, []).append((level, title[:MAX_HEADING_CHARS].strip()))
     stack: list[str] = []
     paths: list[tuple[str, ...]] = []
     for page in range(1, page_count + 1):

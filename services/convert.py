@@ -76,15 +76,12 @@ def hits_from_pb(hits: Sequence[common_pb2.Hit], field: str = "hits") -> list[Hi
     """Hits a client sent; one that is not a valid passage is INVALID_ARGUMENT."""
     out = []
     for index, h in enumerate(hits):
+        _check_bounds(h, f"{field}[{index}]")
         try:
             chunk = chunk_from_pb(h.chunk)
         except ValueError as exc:  # Chunk validates itself: no id, no pages, blank text
             raise InvalidArgument.for_field(f"{field}[{index}].chunk", str(exc)) from None
         terms = tuple((t.term, t.weight) for t in h.terms)
-        if len(h.via) > MAX_VIA_CHARS:
-            raise InvalidArgument.for_field(
-                f"{field}[{index}].via", f"at most {MAX_VIA_CHARS} characters"
-            )
         out.append(
             Hit(
                 chunk=chunk,
@@ -99,6 +96,54 @@ def hits_from_pb(hits: Sequence[common_pb2.Hit], field: str = "hits") -> list[Hi
 
 MAX_VIA_CHARS = 512
 """Longest graph explanation a client may send back with a hit."""
+MAX_NAME_CHARS = 4096
+"""Longest id, file name, path, collection, kind or title a sent hit may carry (a path's
+limit on Linux; ids and titles are far shorter)."""
+MAX_HEADING_CHARS = 4096
+"""Most characters of a sent hit's section headings together (each stage reads them beside
+the passage: the filter stems them, the generator names them)."""
+MAX_LIST_ITEMS = 1000
+"""Most pages, headings, terms or stage scores a sent hit may list."""
+
+
+def _check_bounds(h: common_pb2.Hit, where: str) -> None:
+    """Every field of a sent hit but its text (which the evidence limits bound) within the
+    limits above: the stages read them with the passage, so 14 MB of headings under the 16 MiB
+    message limit would cost seconds of CPU a request."""
+    c = h.chunk
+    names = {
+        "chunk_id": c.chunk_id,
+        "doc_id": c.doc_id,
+        "source": c.source,
+        "kind": c.kind,
+        "collection": c.collection,
+        "path": c.path,
+        "doc_title": c.doc_title,
+    }
+    for name, value in names.items():
+        if len(value) > MAX_NAME_CHARS:
+            raise InvalidArgument.for_field(
+                f"{where}.chunk.{name}", f"at most {MAX_NAME_CHARS} characters"
+            )
+    lists = {
+        "chunk.pages": len(c.pages),
+        "chunk.title_path": len(c.title_path),
+        "terms": len(h.terms),
+        "stage_scores": len(h.stage_scores),
+    }
+    for name, count in lists.items():
+        if count > MAX_LIST_ITEMS:
+            raise InvalidArgument.for_field(f"{where}.{name}", f"at most {MAX_LIST_ITEMS} items")
+    if sum(map(len, c.title_path)) > MAX_HEADING_CHARS:
+        raise InvalidArgument.for_field(
+            f"{where}.chunk.title_path", f"at most {MAX_HEADING_CHARS} characters in all"
+        )
+    if any(len(t.term) > MAX_NAME_CHARS for t in h.terms):
+        raise InvalidArgument.for_field(f"{where}.terms", f"at most {MAX_NAME_CHARS} characters")
+    if len(h.via) > MAX_VIA_CHARS:
+        raise InvalidArgument.for_field(f"{where}.via", f"at most {MAX_VIA_CHARS} characters")
+
+
 MAX_FILTER_VALUES = 1000
 """Values one filter field may list (each becomes part of the cache key and the search)."""
 

@@ -354,6 +354,33 @@ async def test_internal_stage_services_get_the_public_bounds(server) -> None:  #
             credibility.Score(stages_pb2.ScoreRequest(query="q", hits=[passage] * 500))
         )
         assert many.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # every field a stage reads beside the text is bounded too: 14 MB of headings within
+        # the message limit cost seconds of CPU a request
+        heavy = common_pb2.Chunk(chunk_id="c", doc_id="d", text="Some text.", pages=[1])
+        for field, value in (
+            ("title_path", ["h" * 700_000]),
+            ("title_path", ["h"] * 5_000),
+            ("source", "s" * 100_000),
+            ("doc_title", "t" * 100_000),
+            ("pages", list(range(1, 5_000))),
+        ):
+            chunk = common_pb2.Chunk()
+            chunk.CopyFrom(heavy)
+            if isinstance(value, list):
+                getattr(chunk, field).extend(value)
+            else:
+                setattr(chunk, field, value)
+            for call in (
+                credibility.Score(
+                    stages_pb2.ScoreRequest(query="q", hits=[common_pb2.Hit(chunk=chunk)])
+                ),
+                generator.Generate(
+                    stages_pb2.GenerateRequest(query="q", evidence=[common_pb2.Hit(chunk=chunk)])
+                ),
+            ):
+                bounded = await _error(call)
+                assert bounded.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert field in (bounded.details() or "")
         tokens = await _error(
             generator.Generate(
                 stages_pb2.GenerateRequest(query="q", evidence=[passage], max_new_tokens=10**9)

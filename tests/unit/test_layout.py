@@ -40,6 +40,12 @@ def test_title_paths_follow_the_outline() -> None:
     assert title_paths([], 2) == [(), ()]
 
 
+def test_a_hostile_outline_gives_bounded_headings() -> None:
+    toc = [[1, "Top", 1], [2, "x" * 100_000, 1], [17, "too deep", 1], [10**9, "deeper", 1]]
+    (path,) = title_paths(toc, 1)
+    assert path == ("Top", "x" * 256)
+
+
 def test_text_quality_separates_clean_from_garbled() -> None:
     assert text_quality("Function read.fwf reads fixed-width files.") == 1.0
     assert text_quality("\ue000\ue001\ue002 abc \ufffd\ufffd") < 0.5
