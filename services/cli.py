@@ -237,8 +237,10 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from services.cluster import exit_with_parent
     from services.server import serve
 
+    exit_with_parent()  # a role of `ragline cluster` ends with it
     settings = _settings(args)  # a bad flag or variable: main's configuration error
     try:
         asyncio.run(serve(settings, exit_when_stopped=True))
@@ -252,7 +254,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from services.cluster import LocalCluster
+    from services.cluster import STOP_SIGNALS, LocalCluster
 
     logs = Path(args.logs)
     cluster = LocalCluster({}, logs, ports={"gateway": args.port})
@@ -260,7 +262,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
         print(f"starting {', '.join(cluster.processes)} (logs in {logs}/)", flush=True)
         starting = asyncio.create_task(cluster.start())
@@ -284,6 +286,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
+        for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the stopping short
+            signal.signal(sig, signal.SIG_IGN)
         cluster.stop()
     return 0
 

@@ -21,8 +21,33 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.client import open_channel
+from services.settings import ServerSettings
+
 STAGE_ROLES = ("retriever", "credibility", "graph", "generator")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""What stops ``ragline cluster`` and every role (its roles, in their own process groups, do
+not get its terminal's signals)."""
+PARENT_ENV = "RAGLINE_CLUSTER_PARENT_PID"
+"""Set for each role: the pid of the cluster that started it, which it exits with."""
 ROLES = (*STAGE_ROLES, "gateway")
+
+
+def exit_with_parent() -> None:
+    """In a role the cluster started (:data:`PARENT_ENV` set): have the kernel send SIGTERM
+    (the graceful stop) when the cluster dies, however it dies (``kill -9`` included: its
+    roles are in their own process groups, out of reach of its terminal's signals). Exits at
+    once when the cluster is already gone. Linux only; elsewhere nothing."""
+    parent = os.environ.pop(PARENT_ENV, "")
+    if not parent.isdecimal() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before the request took effect
+        sys.exit(128 + signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -50,16 +75,23 @@ class RoleProcess:
     def start(self) -> None:
         """Start it in a process group of its own: what it starts (vLLM's engine processes)
         stays in that group, so :meth:`stop` ends them too, even after the role itself died
-        without stopping them (``kill -9``)."""
+        without stopping them (``kill -9``). It runs in the caller's working directory (its
+        relative paths are the caller's) and ends when the process that started it dies."""
+        env = dict(self.env)
+        env[PARENT_ENV] = str(os.getpid())
         with self.log.open("a") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "services.cli", "serve"],
-                env=self.env,
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                cwd=Path(__file__).resolve().parent.parent,
                 start_new_session=True,
             )
+
+    def terminate(self) -> None:
+        """SIGTERM (the server's graceful stop), when it runs."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
 
     def exited(self) -> int | None:
         """Its exit status once it ended (None while it runs or before it started)."""
@@ -75,15 +107,19 @@ class RoleProcess:
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM (the server's graceful stop), then SIGKILL past ``timeout_s``; then SIGKILL
         to whatever of its process group is left (processes it started and left behind)."""
+        self.terminate()
+        self.reap(time.monotonic() + timeout_s)
+
+    def reap(self, deadline: float) -> None:
+        """Wait for it until ``deadline`` (``time.monotonic()``), SIGKILL past it; then
+        SIGKILL to whatever of its process group is left."""
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        try:
+            self.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
 
@@ -100,7 +136,7 @@ class RoleProcess:
             RuntimeError: the process exited, or was not SERVING within ``timeout_s``.
         """
         started = time.monotonic()
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with open_channel(_client_settings(self.env), self.address, aio=True) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() - started < timeout_s:
                 if self.process is None or self.process.poll() is not None:
@@ -191,6 +227,19 @@ class LocalCluster:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Every role at once: SIGTERM to all, then each waited for until one deadline."""
         for process in self.processes.values():
-            process.stop()
+            process.terminate()
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes.values():
+            process.reap(deadline)
+
+
+def _client_settings(env: Mapping[str, str]) -> ServerSettings:
+    """How to reach a role started with ``env``: its TLS client files and token (a role
+    serving TLS needs ``RAGLINE_SERVER_TLS_CA_FILE`` to be checked)."""
+    fields = ("tls_ca_file", "tls_client_cert_file", "tls_client_key_file", "token")
+    prefix = "RAGLINE_SERVER_"
+    values = {f: env[prefix + f.upper()] for f in fields if env.get(prefix + f.upper())}
+    return ServerSettings.model_validate(values)

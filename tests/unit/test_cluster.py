@@ -6,13 +6,14 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from services.cluster import LocalCluster, RoleProcess
+from services.cluster import LocalCluster, RoleProcess, _client_settings
 
 pytestmark = pytest.mark.unit
 
@@ -83,3 +84,43 @@ async def test_watch_returns_when_asked_to_stop(tmp_path: Path) -> None:
     finally:
         cluster.stop()
     assert os.path.exists(tmp_path / "retriever.log")
+
+
+def test_a_role_ends_when_the_cluster_that_started_it_dies(tmp_path: Path) -> None:
+    pidfile = tmp_path / "role.pid"
+    role = (
+        "from services.cluster import exit_with_parent; exit_with_parent(); "
+        "import time; time.sleep(120)"
+    )
+    cluster = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            f'RAGLINE_CLUSTER_PARENT_PID=$$ "{sys.executable}" -c "{role}" & '
+            f"echo $! > {pidfile}; wait",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    deadline = time.monotonic() + 10
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = int(pidfile.read_text())
+    time.sleep(1.0)  # the role has asked for its parent's death signal
+    assert not _gone(pid, 0.2)
+    cluster.kill()  # kill -9: the cluster can stop nothing itself
+    cluster.wait()
+    assert _gone(pid)
+
+
+def test_roles_are_checked_with_the_client_side_of_the_tls_settings() -> None:
+    settings = _client_settings(
+        {
+            "RAGLINE_SERVER_TLS_CA_FILE": "/etc/ragline/ca.pem",
+            "RAGLINE_SERVER_TOKEN": "t0ken",
+            "RAGLINE_SERVER_TLS_CERT_FILE": "/etc/ragline/server.pem",
+            "PATH": "/usr/bin",
+        }
+    )
+    assert str(settings.tls_ca_file) == "/etc/ragline/ca.pem" and settings.token == "t0ken"
+    assert settings.tls_cert_file is None  # the server's own files are not a client's
