@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from ragline.errors import InvalidArgument
+from ragline.files import write_atomic
 
 PairFormat = Literal["auto", "jsonl", "squad", "msmarco", "questions"]
 
@@ -63,14 +64,9 @@ def read_pairs(path: Path, fmt: PairFormat = "auto") -> list[Pair]:
 
 def write_pairs(path: Path, pairs: Iterable[Pair]) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    n = 0
-    with tmp.open("w", encoding="utf-8") as f:
-        for pair in pairs:
-            f.write(json.dumps(asdict(pair), ensure_ascii=False) + "\n")
-            n += 1
-    tmp.replace(path)
-    return n
+    lines = [json.dumps(asdict(pair), ensure_ascii=False) + "\n" for pair in pairs]
+    write_atomic(path, "".join(lines))
+    return len(lines)
 
 
 def _guess_format(path: Path) -> Literal["jsonl", "squad", "msmarco", "questions"]:

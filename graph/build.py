@@ -26,7 +26,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter, defaultdict
@@ -37,6 +36,7 @@ from typing import Any
 
 from graph.entities import units
 from ragline.errors import DataLoss
+from ragline.files import write_atomic
 from ragline.types import Chunk
 
 logger = logging.getLogger(__name__)
@@ -250,9 +250,9 @@ class GraphIndex:
         digest = hashlib.sha256(payload).hexdigest()
         self.path.mkdir(parents=True, exist_ok=True)
         name = f"graph-{digest[:16]}.json.gz"
-        _write_atomic(self.path / name, payload)
+        write_atomic(self.path / name, payload)
         manifest = json.dumps({"format": FORMAT_VERSION, "file": name, "sha256": digest})
-        _write_atomic(self.path / "CURRENT.json", manifest.encode())
+        write_atomic(self.path / "CURRENT.json", manifest.encode())
         for old in self.path.glob("graph-*.json.gz"):
             if old.name != name:
                 old.unlink(missing_ok=True)
@@ -492,17 +492,3 @@ def _triples(doc: Any, found: Iterable[tuple[str, int, int]]) -> list[tuple[str,
             for b in sorted(objects - {a}):
                 out.append((a, verb, b))
     return out
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -33,7 +33,7 @@ from ingest.chunker import ChunkerConfig, chunk_pages
 from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf, utf8_name
 from ragline.errors import InvalidArgument, RaglineError
 from ragline.faults import failpoint
-from ragline.files import sweep_process_folders
+from ragline.files import sweep_process_folders, write_atomic
 from ragline.types import Chunk
 
 logger = logging.getLogger(__name__)
@@ -144,9 +144,7 @@ class IngestReport:
     def write_json(self, path: Path) -> None:
         """Write :meth:`to_dict` atomically (a temporary file renamed into place)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, ensure_ascii=False))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(self.to_dict(), indent=1, ensure_ascii=False))
 
     def summary(self) -> str:
         rate = self.pages / self.seconds if self.seconds > 0 else 0.0

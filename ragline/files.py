@@ -4,11 +4,13 @@ killed process left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import shutil
 import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -88,3 +90,30 @@ def sweep_process_folders(parent: Path, prefix: str, stale_s: float) -> int:
         shutil.rmtree(folder, ignore_errors=True)
         removed += 1
     return removed
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` whole or not at all: written to a temporary file of a
+    name of its own beside it, flushed to disk, renamed into place, the folder synced. On
+    any failure the temporary file is removed and ``path`` is as it was. A new file gets
+    ``mode``; a replaced one keeps its own."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(path.stat().st_mode)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)

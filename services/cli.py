@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ragline.errors import visible
+from ragline.files import write_atomic
 from services.settings import MAX_DEADLINE_S, Settings, describe_settings, explain_invalid
 
 if TYPE_CHECKING:
@@ -440,9 +441,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
             data["tokens"].append(entry)
             text = json.dumps(data, indent=1)
             TokenRegistry.from_json_text(text, f"token file {path}")  # refuse a duplicate name
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text + "\n", encoding="utf-8")
-            tmp.replace(path)
+            write_atomic(path, text + "\n", mode=0o600)
     except (ValueError, KeyError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
