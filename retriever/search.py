@@ -173,12 +173,15 @@ class Retriever:
     ) -> RetrievalResult:
         options = (options or SearchOptions()).validate()
         view = self.backend.view  # one view (generation) for the whole request
+        allowed = options.filters()
+        if view.count() == 0:  # nothing ingested yet: nothing found, in any mode
+            view.check(allowed)
+            return RetrievalResult([], False, view.generation, {})
         if options.mode != "sparse" and not view.has_dense:
             raise FailedPrecondition(
                 f"search mode {options.mode!r} needs dense retrieval, which is off "
                 "(set RAGLINE_RETRIEVER_DENSE_MODEL)"
             )
-        allowed = options.filters()
         view.check(allowed)
         use_cache = self.cache is not None and not bypass_cache
         if not use_cache:

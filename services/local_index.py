@@ -142,12 +142,21 @@ class LocalIndex:
         if not self.writer:
             self.store.load()
             self._changed()
+            self._say_if_empty()
             return
         self.indexer.sparse.warm_up()
         if self.indexer.dense is not None:
             self.indexer.dense.warm_up()
         self.indexer.load()
         self._changed()
+        self._say_if_empty()
+
+    def _say_if_empty(self) -> None:
+        if self.store.view.count() == 0:
+            logger.warning(
+                "the index holds no documents: searches find nothing until PDFs are "
+                "ingested (`ragline ingest`, or the Ingest / Upload RPCs)"
+            )
 
     # -- description -------------------------------------------------------------------
     def collection_of(self, doc_id: str) -> str | None:

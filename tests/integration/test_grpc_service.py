@@ -517,3 +517,42 @@ async def test_a_table_whose_cell_the_question_names_is_evidence_and_read(
     result = await gateway.answer(question, max_new_tokens=8)
     assert all(h.chunk.kind != "table" for h in result.evidence)
     await gateway.close()
+
+
+async def test_an_empty_index_finds_nothing_in_every_mode(  # type: ignore[no-untyped-def]
+    tmp_path: Path, redis_url: str, encoder: SpladeEncoder, dense_encoder, caplog
+) -> None:
+    """Before anything is ingested: no hits and INSUFFICIENT_INFO, not a complaint that
+    dense retrieval is off (the empty index holds no dense vectors yet)."""
+    from ragline.v1 import common_pb2
+
+    settings = make_settings(tmp_path, redis_url)
+    gateway = build_gateway(
+        settings, make_indexer(settings.retriever.index_dir, encoder, dense_encoder)
+    )
+    caplog.set_level("WARNING")
+    running = await start_server(settings, gateway, warm_generator=False)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+            stub = ragline_pb2_grpc.RaglineStub(ch)
+            for mode in (
+                common_pb2.SEARCH_MODE_UNSPECIFIED,
+                common_pb2.SEARCH_MODE_HYBRID,
+                common_pb2.SEARCH_MODE_DENSE,
+                common_pb2.SEARCH_MODE_SPARSE,
+            ):
+                found = await stub.Retrieve(
+                    ragline_pb2.RetrieveRequest(
+                        query="how are kettles descaled?",
+                        options=common_pb2.SearchOptions(mode=mode),
+                    ),
+                    timeout=30,
+                )
+                assert list(found.hits) == []
+            answer = await stub.Answer(
+                ragline_pb2.AnswerRequest(query="how are kettles descaled?"), timeout=30
+            )
+            assert answer.insufficient and answer.answer == "INSUFFICIENT_INFO"
+    finally:
+        await running.stop(0)
+    assert "holds no documents" in caplog.text
