@@ -50,13 +50,15 @@ def check_base(name: str) -> str:
     from transformers import AutoConfig
 
     resolved = resolve_base(name)
-    try:
-        AutoConfig.from_pretrained(resolved)
+    try:  # nothing is downloaded: a name that is no folder here fails at once
+        AutoConfig.from_pretrained(resolved, local_files_only=True)
     except (OSError, ValueError) as exc:
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = said if Path(resolved).exists() else "no such folder"
         raise InvalidArgument.for_field(
             "base",
-            f"cannot load {name!r}: {exc}. Give a local model folder or one of "
-            f"{', '.join(PACKAGED_BASES)}",
+            f"cannot load {name!r} ({why}). Give a local model folder or one of "
+            f"{', '.join(PACKAGED_BASES)} (nothing is downloaded)",
         ) from exc
     return resolved
 

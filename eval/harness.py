@@ -142,6 +142,11 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
     for error in loaded.errors:
         print(f"skipped {error}", file=sys.stderr)
     questions = loaded.questions[: options.limit] if options.limit else loaded.questions
+    if not questions:  # nothing to measure: not a report of zeros and a success
+        raise InvalidArgument.for_field(
+            "questions",
+            f"{options.questions}: no question could be read ({len(loaded.errors)} skipped)",
+        )
     big = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
     async with (
         _endpoint(options, pdfs) as (address, stages_address, config),

@@ -372,6 +372,8 @@ def test_both_packaged_bases_resolve_and_a_bad_base_fails_before_generation(
     missing = tmp_path / "no-such-model"
     with pytest.raises(InvalidArgument, match="packaged:all-minilm-l6-v2"):
         check_base(str(missing))
+    with pytest.raises(InvalidArgument, match="no such folder"):  # not looked up online
+        check_base("someone/no-such-model")
     # through the CLI: refused before the index is read (this index does not exist, and
     # generating pairs from it would be the error otherwise), nothing written
     out = tmp_path / "out"

@@ -276,3 +276,16 @@ def test_the_filter_is_measured_on_what_the_servers_answer_scores() -> None:
     assert _scoring(options(), {}) == (8, True, 20)  # a --target: its defaults
     with pytest.raises(ValueError, match="candidates"):
         _scoring(options(candidates=-1), served)
+
+
+def test_a_question_file_with_nothing_readable_is_an_error_not_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli import main
+
+    bad = tmp_path / "q.jsonl"
+    bad.write_text('not json\n{"no_question": 1}\n')
+    out = tmp_path / "report"
+    assert main(["eval", "--questions", str(bad), "--out", str(out), "--no-answers", "-q"]) == 2
+    assert "no question could be read (2 skipped)" in capsys.readouterr().err
+    assert not out.exists()
