@@ -347,6 +347,8 @@ class LocalIndex:
         unknown one. Checked under the writers' lock, so an ingest moving the document cannot
         slip in between; shielded like :meth:`ingest`."""
         check_doc_id(doc_id)
+        if collection:  # a name no collection can have is the caller's mistake, as in Ingest
+            check_collection(collection)
         self._check_writer()
 
         async def locked() -> tuple[int, int]:

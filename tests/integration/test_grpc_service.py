@@ -178,6 +178,13 @@ async def test_unknown_doc_id_is_not_found(channel) -> None:  # type: ignore[no-
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="nope"), timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    # a collection name no collection can have is refused as Ingest refuses it
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.DeleteDocument(
+            ragline_pb2.DeleteDocumentRequest(doc_id="nope", collection="../team a"), timeout=10
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "collection" in (info.value.details() or "")
 
 
 async def test_ingest_reports_bad_files_and_lands_the_rest(channel, tmp_path) -> None:  # type: ignore[no-untyped-def]
