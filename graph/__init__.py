@@ -2,7 +2,7 @@
 
 * :mod:`graph.entities` — entity mentions by pattern (identifiers, options, macros, variables,
   names, table headers), normalised so that aliases meet;
-* :mod:`graph.build` — :class:`GraphIndex`: degrees counted over the whole corpus, only dense
+* :mod:`graph.build` — :class:`GraphIndex`: degrees counted within each collection, only dense
   entities (degree > ``threshold``, default 5) and their relations materialised, relations
   labelled by spaCy's dependency parse of those units only; kept in step with the index by
   document, persisted beside it (checksummed, atomic);

@@ -1,10 +1,11 @@
-"""The selective entity graph: counted over the whole corpus, materialised only where dense.
+"""The selective entity graph: counted per collection, materialised only where dense.
 
 Built in two passes, kept in step with the index by document (content hash):
 
 1. **Mentions** (every unit of every chunk, by pattern; cheap): which entities each sentence
    or table row names. An entity's *degree* is the number of distinct entities it shares a
-   unit with, over the whole corpus.
+   unit with, over its collection (one collection: the whole corpus). Counted per collection,
+   whether an entity is a node for a collection's chunks never depends on another collection.
 2. **Relations** (only units naming two or more *dense* entities: degree above the threshold,
    in at most ``max_df`` of the chunks): the edge between two dense entities keeps its source
    chunk ids, a weight (how many units hold both), and, where spaCy's dependency parse finds a
@@ -305,15 +306,25 @@ class _Tables:
     def __init__(
         self,
         df: dict[str, int],
-        dense: frozenset[str],
+        dense_in: dict[str, frozenset[str]],
         aliases: dict[str, str],
         chunks: int,
+        df_in: dict[str, dict[str, int]] | None = None,
+        chunks_in: dict[str, int] | None = None,
     ) -> None:
         self.df = df
-        self.dense = dense
+        self.dense_in = dense_in
+        """collection → its dense entities: counted within the collection alone, so whether
+        an entity is a node for a collection's chunks never depends on another collection."""
+        self.dense = frozenset().union(*dense_in.values())
+        """Entities dense in some collection (the graph's nodes)."""
         self.aliases = aliases
         """plural key → singular key, where both occur."""
         self.chunks = chunks
+        self.df_in = df_in or {}
+        """collection → entity → chunks of the collection naming it."""
+        self.chunks_in = chunks_in or {}
+        """collection → its chunks."""
         self.edges: dict[str, dict[str, Edge]] = {}
         self.postings: dict[str, list[str]] = {}
         """dense key → the chunks that name it."""
@@ -327,19 +338,22 @@ class _Tables:
 
     @classmethod
     def empty(cls) -> _Tables:
-        return cls({}, frozenset(), {}, 0)
+        return cls({}, {}, {}, 0)
 
     @classmethod
     def count(cls, docs: Mapping[str, _Doc], config: GraphConfig) -> _Tables:
-        """Pass 1's counts: document frequency and degree of every entity; the dense set."""
+        """Pass 1's counts: document frequency and degree of every entity, and the dense set,
+        per collection (one collection: over the whole corpus)."""
         keys = {k for doc in docs.values() for k in doc.entities}
         aliases = {k: k[:-1] for k in keys if len(k) > 3 and k.endswith("s") and k[:-1] in keys}
         df: Counter[str] = Counter()
-        neighbours: dict[str, set[str]] = defaultdict(set)
-        n_chunks = 0
+        df_in: dict[str, Counter[str]] = defaultdict(Counter)
+        neighbours_in: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        chunks_in: Counter[str] = Counter()
         for doc in docs.values():
+            neighbours = neighbours_in[doc.collection]
             for unit_list in doc.chunks.values():
-                n_chunks += 1
+                chunks_in[doc.collection] += 1
                 seen: set[str] = set()
                 for unit in unit_list:
                     unit_keys = {aliases.get(k, k) for k in unit}
@@ -348,11 +362,34 @@ class _Tables:
                         for k in unit_keys:
                             neighbours[k] |= unit_keys
                 df.update(seen)
-        cap = max(2, config.max_df * n_chunks) if config.max_df < 1 else math.inf
-        dense = frozenset(
-            k for k, ns in neighbours.items() if len(ns) - 1 > config.threshold and df[k] <= cap
+                df_in[doc.collection].update(seen)
+        dense_in: dict[str, frozenset[str]] = {}
+        for collection, neighbours in neighbours_in.items():
+            n = chunks_in[collection]
+            cap = max(2, config.max_df * n) if config.max_df < 1 else math.inf
+            counts = df_in[collection]
+            dense_in[collection] = frozenset(
+                k
+                for k, ns in neighbours.items()
+                if len(ns) - 1 > config.threshold and counts[k] <= cap
+            )
+        return cls(
+            dict(df),
+            dense_in,
+            aliases,
+            sum(chunks_in.values()),
+            {c: dict(d) for c, d in df_in.items()},
+            dict(chunks_in),
         )
-        return cls(dict(df), dense, aliases, n_chunks)
+
+    def frequency(self, key: str, collections: frozenset[str] | None = None) -> tuple[int, int]:
+        """(chunks naming ``key``, chunks) over ``collections`` (None: all)."""
+        if collections is None:
+            return self.df.get(key, 0), self.chunks
+        return (
+            sum(self.df_in.get(c, {}).get(key, 0) for c in collections),
+            sum(self.chunks_in.get(c, 0) for c in collections),
+        )
 
     def units_to_parse(
         self, docs: Mapping[str, _Doc], every: bool = False, top: int = 0
@@ -373,9 +410,10 @@ class _Tables:
                 out[name] = (doc_of[first_chunk], first_chunk, int(ordinal))
             return out
         for doc_id, doc in docs.items():
+            dense = self.dense_in.get(doc.collection, frozenset())
             for chunk_id, unit_list in doc.chunks.items():
                 for i, unit in enumerate(unit_list):
-                    if every or len({self.aliases.get(k, k) for k in unit} & self.dense) > 1:
+                    if every or len({self.aliases.get(k, k) for k in unit} & dense) > 1:
                         out[f"{chunk_id}:{i}"] = (doc_id, chunk_id, i)
         return out
 
@@ -390,14 +428,15 @@ class _Tables:
             if doc.title:
                 titles[doc.title].append(doc_id)
             collections.update(dict.fromkeys(doc.chunks, doc.collection))
+            dense = self.dense_in.get(doc.collection, frozenset())
             for key, value in doc.entities.items():
                 key = self.aliases.get(key, key)
-                if key in self.dense and key not in self.names:
+                if key in dense and key not in self.names:
                     self.names[key] = value
             for chunk_id, unit_list in doc.chunks.items():
                 named: set[str] = set()
                 for i, unit in enumerate(unit_list):
-                    keys = sorted({self.aliases.get(k, k) for k in unit} & self.dense)
+                    keys = sorted({self.aliases.get(k, k) for k in unit} & dense)
                     named.update(keys)
                     if len(keys) < 2:
                         continue

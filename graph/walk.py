@@ -118,12 +118,13 @@ def walk(
     """Chunks the graph reaches from the question's entities, best first (empty: the
     question names no node, and nothing was done).
 
-    ``collections``: walk only what these collections hold (a caller limited to them). The
-    graph is built over every collection; here a node counts only through its chunks in
-    them, a relation only through the chunks in them that hold it (its strength their
-    number), and a relation's verb is shown only when every chunk holding it is theirs (a
-    verb comes from a sentence naming both ends, one of those chunks): nothing another
-    collection says reaches the caller."""
+    ``collections``: walk only what these collections hold (a caller limited to them). Nodes
+    are counted per collection, and a chunk is listed under an entity only where the entity
+    is a node of the chunk's collection; here a node counts only through its chunks in them,
+    a relation only through the chunks in them that hold it (its strength their number), an
+    entity's weight by their frequencies, and a relation's verb is shown only when every
+    chunk holding it is theirs (a verb comes from a sentence naming both ends, one of those
+    chunks): nothing another collection says reaches the caller."""
     config = config or WalkConfig()
     tables = index.tables
     mine: Callable[[str], bool] = (
@@ -134,10 +135,10 @@ def walk(
     seeds = [key for key in link(query, tables) if any(map(mine, tables.postings.get(key, ())))]
     if not seeds:
         return []
-    n = max(tables.chunks, 1)
 
-    def idf(key: str) -> float:
-        return math.log(1 + n / max(tables.df.get(key, 1), 1))
+    def idf(key: str) -> float:  # over the caller's collections: no other's counts
+        df, n = tables.frequency(key, collections)
+        return math.log(1 + max(n, 1) / max(df, 1))
 
     scores: dict[str, float] = {}
     via: dict[str, tuple[float, str]] = {}

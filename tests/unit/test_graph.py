@@ -329,6 +329,23 @@ def test_a_walk_limited_to_collections_tells_nothing_another_collection_holds() 
     assert named_documents(text, index.tables, lambda d: d == "notes") == ([], text)
 
 
+def test_whether_an_entity_is_a_node_for_a_collection_depends_on_it_alone() -> None:
+    """Degrees are counted per collection: team-b naming blip.cfg beside many others makes it
+    a node for team-b's chunks, not for team-a's (whose walk would otherwise tell team-a
+    that some other collection names blip.cfg densely)."""
+    crowd = [chunk("crowd", 0, "blip.cfg sits by frob.cfg, gronk.db, splat.idx and kelp.bin.", "b")]
+    lone = [chunk("lone", 0, "The blip.cfg file is read by qux.fmt at start.", "a")]
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    index.sync({"crowd": ("h-crowd", crowd), "lone": ("h-lone", lone)})
+    question = "What reads blip.cfg?"
+    assert [g.chunk_id for g in walk(index, question, WalkConfig())] == ["crowd-00000"]
+    assert walk(index, question, WalkConfig(), frozenset({"b"}))
+    assert walk(index, question, WalkConfig(), frozenset({"a"})) == []
+    alone = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    alone.sync({"lone": ("h-lone", lone)})
+    assert "blip.cfg" not in alone.tables.dense and walk(alone, question, WalkConfig()) == []
+
+
 def test_a_question_of_many_sentences_searches_a_few_parts() -> None:
     """Each part is a search (an RPC in a split deployment): a 2,000-character question of
     short sentences made one per sentence."""
