@@ -264,7 +264,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, stop.set)
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup` ignores SIGHUP: so do we
+                loop.add_signal_handler(sig, stop.set)
         print(f"starting {', '.join(cluster.processes)} (logs in {logs}/)", flush=True)
         starting = asyncio.create_task(cluster.start())
         stopping = asyncio.create_task(stop.wait())
@@ -905,7 +906,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train and calibrate the 'passage contains the answer' classifier",
         description="Fine-tune a sequence-pair classifier and calibrate it so that a score of "
-        "0.85 means ~85%% of such passages contain the answer. Without --pairs the training "
+        "0.85 means ~85% of such passages contain the answer. Without --pairs the training "
         "pairs come from the ingested index by distant supervision (questions generated from "
         "passages, labelled by whether a passage holds the answer span, hard negatives from "
         "ragline's own retrieval). Deterministic for a seed. Writes the checkpoint folder, "

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.client import open_channel
@@ -39,8 +42,16 @@ def exit_with_parent() -> None:
     roles are in their own process groups, out of reach of its terminal's signals). Exits at
     once when the cluster is already gone. Linux only; elsewhere nothing."""
     parent = os.environ.pop(PARENT_ENV, "")
-    if not parent.isdecimal() or not sys.platform.startswith("linux"):
+    if not re.fullmatch(r"[1-9][0-9]{0,9}", parent) or not sys.platform.startswith("linux"):
         return
+    if os.getppid() != int(parent):
+        if psutil.pid_exists(int(parent)):  # set by hand, or copied: not our cluster
+            logging.getLogger(__name__).warning(
+                "%s=%s is not this process's parent: ignored", PARENT_ENV, parent
+            )
+            return
+        print(f"error: the cluster that started this role (pid {parent}) is gone", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     import ctypes
 
     pr_set_pdeathsig = 1
@@ -81,7 +92,9 @@ class RoleProcess:
         env[PARENT_ENV] = str(os.getpid())
         with self.log.open("a") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "serve"],
+                # -P: the caller's folder is not on the import path (a grpc.py there would be
+                # imported by every role)
+                [sys.executable, "-P", "-m", "services.cli", "serve"],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -201,7 +214,22 @@ class LocalCluster:
         return self.processes[name]
 
     async def start(self, timeout_s: float = 240.0) -> None:
-        """Start every role at once; return when all are SERVING (or stop them and raise)."""
+        """Start every role at once; return when all are SERVING (or stop them and raise).
+
+        Raises:
+            RuntimeError: a role exited or was not SERVING in time; or roles would serve TLS
+                and no CA to check them with is set (nothing started).
+        """
+        for process in self.processes.values():
+            env = process.env
+            if env.get("RAGLINE_SERVER_TLS_CERT_FILE") and not env.get(
+                "RAGLINE_SERVER_TLS_CA_FILE"
+            ):
+                raise RuntimeError(
+                    f"role {process.name} would serve TLS (RAGLINE_SERVER_TLS_CERT_FILE): set "
+                    "RAGLINE_SERVER_TLS_CA_FILE to the CA that signed its certificate, so the "
+                    "cluster and the roles can check one another"
+                )
         for process in self.processes.values():
             process.start()
         try:

@@ -124,3 +124,50 @@ def test_roles_are_checked_with_the_client_side_of_the_tls_settings() -> None:
     )
     assert str(settings.tls_ca_file) == "/etc/ragline/ca.pem" and settings.token == "t0ken"
     assert settings.tls_cert_file is None  # the server's own files are not a client's
+
+
+def _parent_check(value: str) -> subprocess.CompletedProcess[str]:
+    code = "from services.cluster import exit_with_parent; exit_with_parent(); print('alive')"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "RAGLINE_CLUSTER_PARENT_PID": value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+def test_a_parent_pid_that_is_not_the_parent_is_ignored_or_explained() -> None:
+    for value in ("1", "\u0663", "99999999999999999999", "abc"):  # init, a Unicode digit, ...
+        ran = _parent_check(value)
+        assert ran.returncode == 0 and "alive" in ran.stdout, (value, ran.stderr)
+    gone = _parent_check("999999999")  # no such process: the cluster that started it is gone
+    assert gone.returncode == 128 + signal.SIGTERM
+    assert "is gone" in gone.stderr
+
+
+def test_a_role_does_not_import_from_the_callers_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "grpc.py").write_text("print('SHADOWED'); raise SystemExit(9)\n")
+    monkeypatch.chdir(tmp_path)
+    role = RoleProcess(
+        "retriever", 0, 0, {**os.environ, "RAGLINE_SERVER_PORT": "not-a-port"}, tmp_path / "r.log"
+    )
+    role.start()
+    try:
+        assert role.process is not None and role.process.wait(120) == 2  # the bad setting
+    finally:
+        role.stop()
+    log = role.log_tail()
+    assert "SHADOWED" not in log and "RAGLINE_SERVER_PORT" in log
+
+
+async def test_roles_serving_tls_need_a_ca_to_be_checked(tmp_path: Path) -> None:
+    cluster = LocalCluster(
+        {"RAGLINE_SERVER_TLS_CERT_FILE": "/etc/ragline/server.pem"}, tmp_path, roles=("graph",)
+    )
+    with pytest.raises(RuntimeError, match="RAGLINE_SERVER_TLS_CA_FILE"):
+        await cluster.start()
+    assert cluster["graph"].process is None  # nothing started
