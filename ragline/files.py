@@ -4,7 +4,7 @@ killed process left behind."""
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import glob
 import os
 import re
@@ -92,15 +92,31 @@ def sweep_process_folders(parent: Path, prefix: str, stale_s: float) -> int:
     return removed
 
 
-def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` whole or not at all: written to a temporary file of a
-    name of its own beside it, flushed to disk, renamed into place, the folder synced. On
-    any failure the temporary file is removed and ``path`` is as it was. A new file gets
-    ``mode``; a replaced one keeps its own."""
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o666) -> None:
+    """Replace the regular file ``path`` with ``data`` whole or not at all: written to a
+    temporary file beside it, flushed to disk, renamed into place, the folder synced. On any
+    failure the temporary file is removed and ``path`` is as it was. A new file gets ``mode``
+    less the umask; a replaced one keeps its own.
+
+    Raises:
+        OSError: ``path`` is something else than a regular file (a device such as /dev/null,
+            a FIFO, a folder, a link: renaming over it would replace it; ``IsADirectoryError``
+            for a folder), or it cannot be written.
+    """
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    with contextlib.suppress(OSError):
-        mode = stat.S_IMODE(path.stat().st_mode)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        mode &= ~_umask()
+    else:
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+            raise OSError(errno.EINVAL, f"{kind}: not replaced", str(path))
+        mode = stat.S_IMODE(info.st_mode)
+    # a short name of its own, whatever the target's length (a 250-character name fits)
+    fd, name = tempfile.mkstemp(prefix=".ragline-", suffix=".tmp", dir=path.parent)
     tmp = Path(name)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -117,3 +133,15 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
         os.fsync(folder)
     finally:
         os.close(folder)
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets it, for every
+    thread, while it reads it): Linux's /proc, else the usual 022."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022

@@ -33,3 +33,34 @@ def test_a_write_replaces_whole_and_keeps_the_mode(tmp_path: Path) -> None:
     assert target.read_bytes() == b"second"
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     assert [p.name for p in tmp_path.iterdir()] == ["tokens.json"]
+
+
+def test_only_a_regular_file_is_replaced(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    real = tmp_path / "real.json"
+    real.write_text("kept")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    for target in (fifo, link):  # as /dev/null or /dev/stdout would be
+        with pytest.raises(OSError, match="not replaced"):
+            write_atomic(target, "report")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and link.is_symlink()
+    assert real.read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "pipe", "real.json"]
+
+
+def test_a_new_file_honours_the_umask_and_a_long_name_fits(tmp_path: Path) -> None:
+    import os
+
+    old = os.umask(0o077)
+    try:
+        write_atomic(tmp_path / "private.json", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
+    long = tmp_path / ("r" * 250)  # within the file system's 255, the temporary name too
+    write_atomic(long, "x")
+    assert long.read_text() == "x"
