@@ -157,7 +157,7 @@ def train(
     total = steps_per_epoch * config.epochs
     warmup = max(1, total // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / (total - warmup)))
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup)))
     )
     loss_fn = torch.nn.BCEWithLogitsLoss()
     rng = random.Random(config.seed)

@@ -174,13 +174,18 @@ class Retriever:
         options = (options or SearchOptions()).validate()
         view = self.backend.view  # one view (generation) for the whole request
         allowed = options.filters()
+        if options.mode != "sparse" and self.dense is None:
+            raise FailedPrecondition(
+                f"search mode {options.mode!r} needs dense retrieval, which is off "
+                "(set RAGLINE_RETRIEVER_DENSE_MODEL)"
+            )
         if view.count() == 0:  # nothing ingested yet: nothing found, in any mode
             view.check(allowed)
             return RetrievalResult([], False, view.generation, {})
         if options.mode != "sparse" and not view.has_dense:
             raise FailedPrecondition(
-                f"search mode {options.mode!r} needs dense retrieval, which is off "
-                "(set RAGLINE_RETRIEVER_DENSE_MODEL)"
+                f"search mode {options.mode!r} needs dense retrieval, which this index lacks "
+                "(ingest its documents again with RAGLINE_RETRIEVER_DENSE_MODEL set)"
             )
         view.check(allowed)
         use_cache = self.cache is not None and not bypass_cache

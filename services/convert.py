@@ -104,6 +104,8 @@ MAX_HEADING_CHARS = 4096
 the passage: the filter stems them, the generator names them)."""
 MAX_LIST_ITEMS = 1000
 """Most pages, headings, terms or stage scores a sent hit may list."""
+MAX_STAGE_NAME_CHARS = 64
+"""Longest name of a stage score (``sparse``, ``dense``, ``credibility``, ...)."""
 
 
 def _check_bounds(h: common_pb2.Hit, where: str) -> None:
@@ -140,6 +142,10 @@ def _check_bounds(h: common_pb2.Hit, where: str) -> None:
         )
     if any(len(t.term) > MAX_NAME_CHARS for t in h.terms):
         raise InvalidArgument.for_field(f"{where}.terms", f"at most {MAX_NAME_CHARS} characters")
+    if any(len(name) > MAX_STAGE_NAME_CHARS for name in h.stage_scores):
+        raise InvalidArgument.for_field(
+            f"{where}.stage_scores", f"names of at most {MAX_STAGE_NAME_CHARS} characters"
+        )
     if len(h.via) > MAX_VIA_CHARS:
         raise InvalidArgument.for_field(f"{where}.via", f"at most {MAX_VIA_CHARS} characters")
 

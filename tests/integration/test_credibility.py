@@ -433,3 +433,11 @@ def test_template_rewrites_are_checked_and_deterministic(
                     assert item.answer not in pair["passage"]
     finally:
         teacher.close()
+
+
+def test_one_training_step_is_enough_to_run(rdata_store: Indexer, tmp_path: Path) -> None:
+    """A batch holding every training pair: one step, which is also the warm-up's last."""
+    pairs, _ = pairs_from_index(rdata_store, DistantConfig(max_questions=5, seed=1))
+    report = train(pairs, tmp_path / "one", TrainConfig(epochs=1, batch_size=512, threads=2))
+    assert report["pairs"]["train"] <= 512 and report["final_loss"] is not None
+    assert (tmp_path / "one" / "calibration.json").is_file()

@@ -363,20 +363,22 @@ async def test_internal_stage_services_get_the_public_bounds(server) -> None:  #
             ("source", "s" * 100_000),
             ("doc_title", "t" * 100_000),
             ("pages", list(range(1, 5_000))),
+            ("stage_scores", {"s" * 700: 1.0}),
         ):
             chunk = common_pb2.Chunk()
             chunk.CopyFrom(heavy)
-            if isinstance(value, list):
+            hit = common_pb2.Hit(chunk=chunk)
+            if isinstance(value, dict):
+                hit.stage_scores.update(value)
+            elif isinstance(value, list):
                 getattr(chunk, field).extend(value)
+                hit.chunk.CopyFrom(chunk)
             else:
                 setattr(chunk, field, value)
+                hit.chunk.CopyFrom(chunk)
             for call in (
-                credibility.Score(
-                    stages_pb2.ScoreRequest(query="q", hits=[common_pb2.Hit(chunk=chunk)])
-                ),
-                generator.Generate(
-                    stages_pb2.GenerateRequest(query="q", evidence=[common_pb2.Hit(chunk=chunk)])
-                ),
+                credibility.Score(stages_pb2.ScoreRequest(query="q", hits=[hit])),
+                generator.Generate(stages_pb2.GenerateRequest(query="q", evidence=[hit])),
             ):
                 bounded = await _error(call)
                 assert bounded.code() == grpc.StatusCode.INVALID_ARGUMENT
