@@ -257,8 +257,6 @@ class GraphIndex:
         for old in self.path.glob("graph-*.json.gz"):
             if old.name != name:
                 old.unlink(missing_ok=True)
-        for tmp in self.path.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)
 
     def _config_key(self) -> list[Any]:
         c = self.config

@@ -179,15 +179,14 @@ class Retriever:
                 f"search mode {options.mode!r} needs dense retrieval, which is off "
                 "(set RAGLINE_RETRIEVER_DENSE_MODEL)"
             )
+        view.check(allowed)
         if view.count() == 0:  # nothing ingested yet: nothing found, in any mode
-            view.check(allowed)
             return RetrievalResult([], False, view.generation, {})
         if options.mode != "sparse" and not view.has_dense:
             raise FailedPrecondition(
                 f"search mode {options.mode!r} needs dense retrieval, which this index lacks "
                 "(ingest its documents again with RAGLINE_RETRIEVER_DENSE_MODEL set)"
             )
-        view.check(allowed)
         use_cache = self.cache is not None and not bypass_cache
         if not use_cache:
             return await self._compute(view, query, k, options, allowed, {})

@@ -139,19 +139,14 @@ class LocalIndex:
     def warm_up(self) -> None:
         """Load the encoders and the index (a writer also backfills dense vectors an index
         without them lacks)."""
-        if not self.writer:
+        if self.writer:
+            self.indexer.sparse.warm_up()
+            if self.indexer.dense is not None:
+                self.indexer.dense.warm_up()
+            self.indexer.load()
+        else:
             self.store.load()
-            self._changed()
-            self._say_if_empty()
-            return
-        self.indexer.sparse.warm_up()
-        if self.indexer.dense is not None:
-            self.indexer.dense.warm_up()
-        self.indexer.load()
         self._changed()
-        self._say_if_empty()
-
-    def _say_if_empty(self) -> None:
         if self.store.view.count() == 0:
             logger.warning(
                 "the index holds no documents: searches find nothing until PDFs are "
