@@ -217,7 +217,9 @@ class GraphIndex:
         items = [(h, texts[h]) for h in missing if h in texts]
         docs = nlp.pipe((t for _, (t, _) in items), batch_size=PARSE_BATCH)
         for done, ((h, (_, keyed)), doc) in enumerate(zip(items, docs, strict=True), start=1):
-            dense = [m for m in keyed if tables.aliases.get(m[0], m[0]) in tables.dense]
+            collection = self._docs[missing[h][0]].collection
+            nodes = tables.dense_in.get(collection, frozenset())
+            dense = [m for m in keyed if tables.fold(m[0], collection) in nodes]
             self._parsed[h] = _triples(doc, dense)
             if progress is not None and (done % 256 == 0 or done == len(items)):
                 progress("graph relations", done, len(items))
@@ -305,7 +307,7 @@ class _Tables:
         self,
         df: dict[str, int],
         dense_in: dict[str, frozenset[str]],
-        aliases: dict[str, str],
+        aliases_in: dict[str, dict[str, str]],
         chunks: int,
         df_in: dict[str, dict[str, int]] | None = None,
         chunks_in: dict[str, int] | None = None,
@@ -316,8 +318,9 @@ class _Tables:
         an entity is a node for a collection's chunks never depends on another collection."""
         self.dense = frozenset().union(*dense_in.values())
         """Entities dense in some collection (the graph's nodes)."""
-        self.aliases = aliases
-        """plural key → singular key, where both occur."""
+        self.aliases_in = aliases_in
+        """collection → (plural key → singular key, where both occur in the collection):
+        whether ``widgets`` folds into ``widget`` never depends on another collection."""
         self.chunks = chunks
         self.df_in = df_in or {}
         """collection → entity → chunks of the collection naming it."""
@@ -342,14 +345,20 @@ class _Tables:
     def count(cls, docs: Mapping[str, _Doc], config: GraphConfig) -> _Tables:
         """Pass 1's counts: document frequency and degree of every entity, and the dense set,
         per collection (one collection: over the whole corpus)."""
-        keys = {k for doc in docs.values() for k in doc.entities}
-        aliases = {k: k[:-1] for k in keys if len(k) > 3 and k.endswith("s") and k[:-1] in keys}
+        keys_in: dict[str, set[str]] = defaultdict(set)
+        for doc in docs.values():
+            keys_in[doc.collection].update(doc.entities)
+        aliases_in = {
+            c: {k: k[:-1] for k in keys if len(k) > 3 and k.endswith("s") and k[:-1] in keys}
+            for c, keys in keys_in.items()
+        }
         df: Counter[str] = Counter()
         df_in: dict[str, Counter[str]] = defaultdict(Counter)
         neighbours_in: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
         chunks_in: Counter[str] = Counter()
         for doc in docs.values():
             neighbours = neighbours_in[doc.collection]
+            aliases = aliases_in[doc.collection]
             for unit_list in doc.chunks.values():
                 chunks_in[doc.collection] += 1
                 seen: set[str] = set()
@@ -374,11 +383,16 @@ class _Tables:
         return cls(
             dict(df),
             dense_in,
-            aliases,
+            aliases_in,
             sum(chunks_in.values()),
             {c: dict(d) for c, d in df_in.items()},
             dict(chunks_in),
         )
+
+    def fold(self, key: str, collection: str) -> str:
+        """``key`` as the collection's tables hold it (a plural folded into its singular
+        where the collection names both)."""
+        return self.aliases_in.get(collection, {}).get(key, key)
 
     def frequency(self, key: str, collections: frozenset[str] | None = None) -> tuple[int, int]:
         """(chunks naming ``key``, chunks) over ``collections`` (None: all)."""
@@ -409,9 +423,10 @@ class _Tables:
             return out
         for doc_id, doc in docs.items():
             dense = self.dense_in.get(doc.collection, frozenset())
+            aliases = self.aliases_in.get(doc.collection, {})
             for chunk_id, unit_list in doc.chunks.items():
                 for i, unit in enumerate(unit_list):
-                    if every or len({self.aliases.get(k, k) for k in unit} & dense) > 1:
+                    if every or len({aliases.get(k, k) for k in unit} & dense) > 1:
                         out[f"{chunk_id}:{i}"] = (doc_id, chunk_id, i)
         return out
 
@@ -427,14 +442,15 @@ class _Tables:
                 titles[doc.title].append(doc_id)
             collections.update(dict.fromkeys(doc.chunks, doc.collection))
             dense = self.dense_in.get(doc.collection, frozenset())
+            aliases = self.aliases_in.get(doc.collection, {})
             for key, value in doc.entities.items():
-                key = self.aliases.get(key, key)
+                key = aliases.get(key, key)
                 if key in dense and key not in self.names:
                     self.names[key] = value
             for chunk_id, unit_list in doc.chunks.items():
                 named: set[str] = set()
                 for i, unit in enumerate(unit_list):
-                    keys = sorted({self.aliases.get(k, k) for k in unit} & dense)
+                    keys = sorted({aliases.get(k, k) for k in unit} & dense)
                     named.update(keys)
                     if len(keys) < 2:
                         continue
@@ -455,8 +471,9 @@ class _Tables:
     def label(self, parsed: Mapping[str, list[tuple[str, str, str]]]) -> None:
         """Pass 2: each parsed unit's (subject, verb, object) triples label their edges."""
         for unit in sorted(parsed):
+            collection = self.collections.get(unit.rsplit(":", 1)[0], "")
             for a, verb, b in parsed[unit]:
-                a, b = self.aliases.get(a, a), self.aliases.get(b, b)
+                a, b = self.fold(a, collection), self.fold(b, collection)
                 edge = self.edges.get(a, {}).get(b)
                 if edge is not None:
                     edge.labels[f"{a}|{verb}|{b}"] += 1

@@ -14,9 +14,10 @@ Technical PDFs are about things with recognisable shapes, and finding them needs
 * ``row`` / ``column`` — a table's row and column headers.
 
 Keys are normalised so that aliases meet: lower case, a call's ``()`` and a ``$`` dropped, an
-option's value dropped. Plurals are merged when the graph is built (both forms must occur).
-spaCy reads only the sentences the selective graph keeps (``graph.relations``): running its
-parser over every sentence is the cost a selective build avoids.
+option's value dropped. Plurals are merged when the graph is built (both forms must occur in
+one collection). spaCy reads only the sentences the selective graph keeps
+(``graph.relations``): running its parser over every sentence is the cost a selective build
+avoids.
 """
 
 from __future__ import annotations

@@ -48,19 +48,21 @@ class GraphHit:
     """How the walk reached it: ``entity (in the question)`` or ``a —verb→ b``."""
 
 
-def link(query: str, tables: _Tables) -> list[str]:
+def link(query: str, tables: _Tables, collections: frozenset[str] | None = None) -> list[str]:
     """The dense entities a question names: its pattern mentions, and its words and word
     pairs that are node keys and not common English (a node found as ‘dvips’ elsewhere is
-    linked from a plain dvips; a plain "mean" does not link to ``mean()``)."""
+    linked from a plain dvips; a plain "mean" does not link to ``mean()``). A plural is
+    folded as each of ``collections`` (None: every collection) folds it."""
+    scope = sorted(tables.aliases_in if collections is None else collections)
     keys = [m.key for m in mentions(query)]
     words = [normalise(w) for w in TOKEN.findall(query)]
     plain = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)]
     keys += [w for w in plain if not common(w)]
     linked: list[str] = []
     for key in keys:
-        key = tables.aliases.get(key, key)
-        if key in tables.dense and key not in linked:
-            linked.append(key)
+        for folded in sorted({tables.fold(key, c) for c in scope} or {key}):
+            if folded in tables.dense and folded not in linked:
+                linked.append(folded)
     return linked
 
 
@@ -132,7 +134,11 @@ def walk(
         if collections is None
         else (lambda chunk_id: tables.collections.get(chunk_id) in collections)
     )
-    seeds = [key for key in link(query, tables) if any(map(mine, tables.postings.get(key, ())))]
+    seeds = [
+        key
+        for key in link(query, tables, collections)
+        if any(map(mine, tables.postings.get(key, ())))
+    ]
     if not seeds:
         return []
 

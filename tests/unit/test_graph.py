@@ -346,6 +346,28 @@ def test_whether_an_entity_is_a_node_for_a_collection_depends_on_it_alone() -> N
     assert "blip.cfg" not in alone.tables.dense and walk(alone, question, WalkConfig()) == []
 
 
+def test_whether_a_plural_folds_into_its_singular_depends_on_the_collection_alone() -> None:
+    """team-a writes only ``blip.cfgs``; team-b writes ``blip.cfg`` too. Folded over every
+    collection, team-a's chunk was listed under ``blip.cfg``, so a team-a question naming
+    ``blip.cfg`` found it — only because team-b names ``blip.cfg`` somewhere."""
+    theirs = [chunk("theirs", 0, "blip.cfg and blip.cfgs sit by frob.cfg and gronk.db.", "b")]
+    mine = [chunk("mine", 0, "The blip.cfgs list frob.cfg, gronk.db, splat.idx and kelp.bin.", "a")]
+    both = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    both.sync({"theirs": ("h-theirs", theirs), "mine": ("h-mine", mine)})
+    alone = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    alone.sync({"mine": ("h-mine", mine)})
+    team_a = frozenset({"a"})
+    singular, plural = "What lists blip.cfg?", "What lists blip.cfgs?"
+    assert walk(alone, singular, WalkConfig()) == []
+    assert walk(both, singular, WalkConfig(), team_a) == []
+    found = [g.chunk_id for g in walk(alone, plural, WalkConfig())]
+    assert found == ["mine-00000"]
+    assert [g.chunk_id for g in walk(both, plural, WalkConfig(), team_a)] == found
+    # within one collection both forms still meet
+    assert both.tables.fold("blip.cfgs", "b") == "blip.cfg"
+    assert both.tables.fold("blip.cfgs", "a") == "blip.cfgs"
+
+
 def test_a_question_of_many_sentences_searches_a_few_parts() -> None:
     """Each part is a search (an RPC in a split deployment): a 2,000-character question of
     short sentences made one per sentence."""
