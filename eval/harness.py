@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pymupdf
@@ -68,7 +68,8 @@ def load_any(path: Path, corpus_dir: Path) -> tuple[LoadResult, list[Path]]:
         raise InvalidArgument.for_field(
             "questions", f"{path}: not UTF-8 text (byte {exc.start})"
         ) from None
-    except (TypeError, AttributeError, KeyError) as exc:  # JSON of another shape
+    except (TypeError, AttributeError, KeyError, ValueError, OverflowError, RecursionError) as exc:
+        # JSON of another shape (or not JSON, or nested too deep)
         kind = "BEIR" if beir else "SQuAD 2.0 JSON"
         raise InvalidArgument.for_field(
             "questions", f"{path}: not {kind} ({type(exc).__name__}: {str(exc)[:80]})"
@@ -93,12 +94,22 @@ def _texts_as_pdfs(texts: dict[str, str], folder: Path) -> list[Path]:
     return paths
 
 
+def _channel(target: str) -> grpc.aio.Channel:
+    """A client channel as the other client commands open one: TLS / mTLS from
+    ``RAGLINE_SERVER_TLS_*`` and the bearer token ``RAGLINE_SERVER_TOKEN`` (a server with
+    tokens refused the eval's plain channel)."""
+    from services.client import open_channel
+    from services.settings import ServerSettings
+
+    return cast(grpc.aio.Channel, open_channel(ServerSettings(), target, aio=True))
+
+
 @asynccontextmanager
 async def _endpoint(options: EvalOptions, pdfs: list[Path]) -> AsyncIterator[tuple[str, str, dict]]:
     """Yield ``(public host:port, internal stages host:port, config)`` with the corpus
     ingested."""
     if options.target:
-        async with grpc.aio.insecure_channel(options.target) as channel:
+        async with _channel(options.target) as channel:
             stub = ragline_pb2_grpc.RaglineStub(channel)
             if pdfs:  # uploads are no-ops for documents the server already holds unchanged
                 for pdf in pdfs:
@@ -147,11 +158,10 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
             "questions",
             f"{options.questions}: no question could be read ({len(loaded.errors)} skipped)",
         )
-    big = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
     async with (
         _endpoint(options, pdfs) as (address, stages_address, config),
-        grpc.aio.insecure_channel(address, options=big) as channel,
-        grpc.aio.insecure_channel(stages_address, options=big) as stages,
+        _channel(address) as channel,
+        _channel(stages_address) as stages,
     ):
         stats = await ragline_pb2_grpc.RaglineStub(channel).GetStats(
             ragline_pb2.GetStatsRequest(), timeout=30

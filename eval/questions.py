@@ -103,13 +103,19 @@ def contains_answer(text: str, golds: Iterable[str]) -> bool:
 def load_questions(path: str | Path) -> LoadResult:
     """ragline's labelled JSONL (see the eval README): one question per line."""
     result = LoadResult()
+    seen: set[str] = set()
     with Path(path).open(encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
-                result.questions.append(_question_from_record(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as exc:
+                question = _question_from_record(json.loads(line))
+                if question.id in seen:  # run files and the report's rows are keyed by id
+                    raise ValueError(f"id {question.id!r} repeats an earlier question's")
+                seen.add(question.id)
+                result.questions.append(question)
+            except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+                # OverflowError: a page of 1e400; RecursionError: JSON nested too deep
                 result.errors.append(f"{path}:{number}: {type(exc).__name__}: {exc}")
     return result
 

@@ -48,6 +48,7 @@ def build_report(
             "answerable": sum(r["answerable"] for r in rows),
             "unanswerable": sum(not r["answerable"] for r in rows),
             "errors": len(rows) - len(ok) + len(load_errors),
+            "failed": len(rows) - len(ok),
         },
         "errors": [*load_errors, *(f"{r['id']}: {r['error']}" for r in rows if "error" in r)],
         "config": config,

@@ -49,6 +49,14 @@ class Filters:
     def empty(self) -> bool:
         return not (self.doc_ids or self.kinds or self.collections)
 
+    def admits(self, chunk: Chunk) -> bool:
+        """Whether a search with these filters may return ``chunk``."""
+        return (
+            (not self.doc_ids or chunk.doc_id in self.doc_ids)
+            and (not self.kinds or chunk.kind in self.kinds)
+            and (not self.collections or chunk.collection in self.collections)
+        )
+
 
 @runtime_checkable
 class SearchView(Protocol):

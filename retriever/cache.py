@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import time
 import unicodedata
@@ -27,9 +28,44 @@ _SPACES = re.compile(r"\s+")
 
 
 def normalize_query(query: str, casefold: bool) -> str:
-    """NFKC, collapsed whitespace; case-folded only when the encoder ignores case anyway."""
+    """NFKC, collapsed whitespace; lower-cased only when the encoders lower-case anyway (as
+    ``str.lower``, what an uncased tokenizer does: ``casefold`` would also make "ß" "ss",
+    which the encoders read differently). The retriever encodes the query normalised this
+    way without the case step, so queries sharing a key are read the same: a key normalised
+    further than what the encoders read let a full-width query's ranking be served for the
+    ASCII one."""
     text = _SPACES.sub(" ", unicodedata.normalize("NFKC", query)).strip()
-    return text.casefold() if casefold else text
+    return text.lower() if casefold else text
+
+
+Ranked = list[tuple[str, float, dict[str, float]]]
+"""A cached ranking: ``(chunk_id, score, stage_scores)``, best first."""
+
+MAX_CACHED_HITS = 10_000
+"""Hits a cached entry may hold at most (a request's ``k`` is far below it)."""
+
+
+def _ranking(raw: bytes | str) -> Ranked:
+    """A cached entry read back, every field checked: ValueError for anything that is not
+    what :meth:`QueryCache.put` writes (Redis is shared: a key may hold anything)."""
+    data = json.loads(raw)
+    if not isinstance(data, list) or len(data) > MAX_CACHED_HITS:
+        raise ValueError("not a list of hits")
+    out: Ranked = []
+    for item in data:
+        if not (isinstance(item, list) and len(item) == 3):
+            raise ValueError("a hit is not [chunk id, score, stage scores]")
+        chunk_id, score, stages = item
+        if not isinstance(chunk_id, str) or not isinstance(stages, dict):
+            raise ValueError("a hit's chunk id or stage scores have the wrong type")
+        values = [score, *stages.values()]
+        if not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for v in values
+        ):
+            raise ValueError("a score is not a finite number")
+        out.append((chunk_id, float(score), {str(n): float(v) for n, v in stages.items()}))
+    return out
 
 
 @dataclass(slots=True)
@@ -117,8 +153,10 @@ class QueryCache:
         self._down_until = time.monotonic() + self.cooldown_s
         logger.warning("query cache %s failed, serving uncached: %s", op, exc)
 
-    async def get(self, key: str) -> list[tuple[str, float, dict[str, float]]] | None:
-        """Ranked ``(chunk_id, score, stage_scores)``, or None on a miss or a Redis problem."""
+    async def get(self, key: str) -> Ranked | None:
+        """Ranked ``(chunk_id, score, stage_scores)``, or None on a miss, a Redis problem or
+        an entry that is not a ranking (counted as an error and logged; the caller's search
+        then writes a good one over it)."""
         if not self._available():
             return None
         try:
@@ -129,10 +167,16 @@ class QueryCache:
         if raw is None:
             self.stats.misses += 1
             return None
+        try:
+            ranked = _ranking(raw)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
+            self.stats.errors += 1
+            logger.warning("query cache entry %s is not a ranking, serving uncached: %s", key, exc)
+            return None
         self.stats.hits += 1
-        return [(str(cid), float(score), dict(stages)) for cid, score, stages in json.loads(raw)]
+        return ranked
 
-    async def put(self, key: str, ranked: list[tuple[str, float, dict[str, float]]]) -> None:
+    async def put(self, key: str, ranked: Ranked) -> None:
         if not self._available():
             return
         try:

@@ -14,7 +14,7 @@ import numpy as np
 from ragline.errors import FailedPrecondition, InvalidArgument
 from ragline.types import Chunk, Hit, SparseVector
 from retriever.backend import Filters, IndexBackend, SearchView
-from retriever.cache import QueryCache
+from retriever.cache import QueryCache, Ranked, normalize_query
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.fusion import FusionMode, fuse
 
@@ -187,6 +187,10 @@ class Retriever:
                 f"search mode {options.mode!r} needs dense retrieval, which this index lacks "
                 "(ingest its documents again with RAGLINE_RETRIEVER_DENSE_MODEL set)"
             )
+        # What the encoders read and the cache key is made of: the same text, so two
+        # queries that share a key are read alike (the key may drop case only where every
+        # encoder's tokenizer lower-cases).
+        query = normalize_query(query, casefold=False)
         use_cache = self.cache is not None and not bypass_cache
         if not use_cache:
             return await self._compute(view, query, k, options, allowed, {})
@@ -198,7 +202,7 @@ class Retriever:
             generation=view.generation,
             snapshot=view.snapshot_id,
             model_id=self.model_ids(),
-            casefold=self.sparse.uncased,
+            casefold=self.sparse.uncased and (self.dense is None or self.dense.uncased),
             options=options.cache_part(),
         )
         pending = self._inflight.get(key)
@@ -241,7 +245,7 @@ class Retriever:
         cached = await self.cache.get(key)
         timings["cache_ms"] = _ms(started)
         if cached is not None:
-            hits = _hits_from_ids(view, cached)
+            hits = _hits_from_ids(view, cached, k, allowed)
             if hits is not None:
                 if options.explain:
                     hits = await self._explain(view, query, hits)
@@ -348,11 +352,15 @@ def _keyed(found: list[tuple[Chunk, float]], chunks: dict[str, Chunk]) -> list[t
     return [(chunk.chunk_id, score) for chunk, score in found]
 
 
-def _hits_from_ids(
-    view: SearchView, ranked: list[tuple[str, float, dict[str, float]]]
-) -> list[Hit] | None:
+def _hits_from_ids(view: SearchView, ranked: Ranked, k: int, allowed: Filters) -> list[Hit] | None:
+    """A cached ranking's hits, or None (searched again) where it cannot be this request's:
+    more than ``k`` hits, a chunk the view lacks, or one the request's filters exclude (Redis
+    is shared: an entry another writer put under this key must not hand a caller limited to
+    one collection another's passages)."""
+    if len(ranked) > k:
+        return None
     chunks = view.get_chunks([chunk_id for chunk_id, _, _ in ranked])
-    if chunks is None:  # cannot happen while keys carry the generation; be safe anyway
+    if chunks is None or not all(map(allowed.admits, chunks)):
         return None
     return [
         Hit(chunk=chunk, score=score, stage_scores=stages)

@@ -539,6 +539,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         options.corpus_dir = Path(args.corpus_dir)
     report = asyncio.run(run_eval(options))
     print_summary(report, options.out)
+    failed = report["counts"]["failed"]
+    if failed:  # questions whose requests failed: the figures do not measure them
+        print(
+            f"error: the requests of {failed} of {report['counts']['questions']} question(s) "
+            "failed (see Errors)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

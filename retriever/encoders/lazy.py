@@ -68,6 +68,12 @@ class LazyModel:
             self.warm_up()
         return self._model
 
+    @property
+    def uncased(self) -> bool:
+        """Whether the (sentence-transformers) model's tokenizer lower-cases: then the query
+        cache may lower-case keys."""
+        return bool(getattr(self.model.tokenizer, "do_lower_case", False))
+
 
 @cache
 def cpu_flags() -> frozenset[str]:

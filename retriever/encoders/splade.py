@@ -93,11 +93,6 @@ class SpladeEncoder(LazyModel, QueryGraphs):
                 pass  # an HF id or an unusual layout: ask the model
         return int(self.model[0].auto_model.config.vocab_size)
 
-    @property
-    def uncased(self) -> bool:
-        """Whether the tokenizer lower-cases (then the query cache may case-fold keys)."""
-        return bool(getattr(self.model.tokenizer, "do_lower_case", False))
-
     def encode_documents(self, texts: Sequence[str]) -> sp.csr_matrix:
         """Encode passages into a ``len(texts) x vocab`` CSR matrix (float32)."""
         if not texts:

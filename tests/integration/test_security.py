@@ -840,3 +840,60 @@ async def test_undecodable_requests_and_huge_filters_get_a_clear_status(server) 
         assert unknown.code() == grpc.StatusCode.NOT_FOUND
         assert "and 890 more" in (unknown.details() or "") and len(unknown.details()) < 2000
         assert (await stub.Retrieve(ragline_pb2.RetrieveRequest(query="frobctl"))).hits
+
+
+async def test_the_eval_sends_its_token(secured, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`ragline eval --target` opened a plain channel without the token: a server with
+    tokens refused its first call whatever RAGLINE_SERVER_TOKEN said."""
+    questions = tmp_path / "q.jsonl"
+    record = {
+        "id": "h1",
+        "question": "How finely does the heliostat array's stepper motor track the sun?",
+        "answerable": True,
+        "answers": ["0.1 degree"],
+        "evidence": [{"file": "helio.pdf", "page": 1}],
+        "type": "numeric",
+    }
+    questions.write_text(json.dumps(record) + "\n")
+
+    async def evaluate(
+        token: str, out: str, stages: int | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(  # a thread: the server answers on this event loop
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "eval",
+                f"--questions={questions}",
+                f"--out={tmp_path / out}",
+                f"--target=127.0.0.1:{secured.port}",
+                f"--stages-target=127.0.0.1:{stages or secured.internal_port}",
+                "--no-answers",
+                "-q",
+            ],
+            cwd=ROOT,
+            env=dict(os.environ, RAGLINE_SERVER_TOKEN=token),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    ran = await evaluate(tokens["admin"], "admin")
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads((tmp_path / "admin" / "report.json").read_text())
+    assert report["counts"] == {
+        "questions": 1,
+        "answerable": 1,
+        "unanswerable": 0,
+        "errors": 0,
+        "failed": 0,
+    }
+    assert report["retrieval"]["recall@10"] == 1.0
+    # the stage services asked on the public port: every question's request fails, exit 1
+    crossed = await evaluate(tokens["admin"], "crossed", stages=secured.port)
+    assert crossed.returncode == 1 and "of 1 question(s) failed" in crossed.stderr
+    refused = await evaluate("rgl_wrong", "wrong")
+    assert refused.returncode == 2
+    assert "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
 from ingest.batch import run_batch
 from ragline.errors import DataLoss, FailedPrecondition, NotFound
@@ -240,4 +242,59 @@ async def test_copies_of_an_index_that_diverge_never_share_cached_rankings(
     # the copy holds every chunk of that cached ranking, but ranks its own page first
     other = await retriever_for(copy, cache=cache).search(query, 1, SearchOptions())
     assert not other.cache_hit and other.hits[0].chunk.doc_id == "disk"
+    await cache.close()
+
+
+async def test_a_cached_ranking_serves_only_queries_read_alike_and_only_what_filters_allow(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path], redis_url: str
+) -> None:
+    """Redis is shared and a key is a hash of the query: (1) a full-width query and its ASCII
+    form share a key, so the encoder must read them alike (it read the full-width one as
+    unknown tokens, and that ranking was then served for the ASCII query); (2) an entry that
+    is not a ranking is searched around, not a failed request; (3) an entry naming chunks the
+    request's filters exclude is never served."""
+    store = indexed_store(tmp_path / "a", encoder, make_pdf("manual.pdf", MANUAL_PAGES))
+    disk = "Disk space for the frobnicator installer: 40 megabytes, plus 10 for logs. " * 3
+    run_batch([make_pdf("disk.pdf", [disk])], store, progress=False)
+    prefix = f"ragline-test:{uuid.uuid4().hex}:"
+    cache = QueryCache(url=redis_url, prefix=prefix)
+    retriever = retriever_for(store, cache=cache)
+    client = redis.Redis.from_url(redis_url)
+    query = "frobnicator installer disk space"
+    wide = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in query)
+    truth = await retriever.search(query, 3, SearchOptions(), bypass_cache=True)
+    assert truth.hits[0].chunk.doc_id == "disk"
+
+    first = await retriever.search(wide, 3, SearchOptions())
+    assert not first.cache_hit
+    assert [h.chunk.chunk_id for h in first.hits] == [h.chunk.chunk_id for h in truth.hits]
+    after = await retriever.search(query, 3, SearchOptions())
+    assert after.cache_hit
+    assert [h.chunk.chunk_id for h in after.hits] == [h.chunk.chunk_id for h in truth.hits]
+
+    (key,) = client.keys(f"{prefix}g*")
+    for junk in (
+        b"not json",
+        b"[[1, 2]]",
+        b'{"a": 1}',
+        b"\xff\xfe",
+        b"[" * 100_000,
+        b'[["x", NaN, {}]]',
+    ):
+        client.set(key, junk)
+        again = await retriever.search(query, 3, SearchOptions())
+        assert not again.cache_hit
+        assert [h.chunk.chunk_id for h in again.hits] == [h.chunk.chunk_id for h in truth.hits]
+    assert cache.stats.errors == 6
+    assert client.get(key) != b'[["x", NaN, {}]]'  # the search wrote a good entry over it
+
+    manual_only = SearchOptions(doc_ids=("manual",))
+    allowed = await retriever.search(query, 3, manual_only)
+    assert allowed.hits and {h.chunk.doc_id for h in allowed.hits} == {"manual"}
+    (filtered,) = set(client.keys(f"{prefix}g*")) - {key}
+    disk_chunk = truth.hits[0].chunk.chunk_id
+    client.set(filtered, json.dumps([[disk_chunk, 9.9, {"sparse": 9.9}]]))
+    served = await retriever.search(query, 3, manual_only)
+    assert not served.cache_hit and {h.chunk.doc_id for h in served.hits} == {"manual"}
+    client.delete(*client.keys(f"{prefix}*"))
     await cache.close()

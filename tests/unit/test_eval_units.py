@@ -167,6 +167,40 @@ def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
     assert loaded.questions[0].gold_pages == {("a.pdf", 2)}
 
 
+def test_records_no_number_or_parser_can_hold_and_repeated_ids_are_skipped(tmp_path: Path) -> None:
+    """A page of 1e400 (OverflowError in int()) and JSON nested 100,000 deep (RecursionError)
+    ended the run with a traceback; a repeated id made two rows of one id in the run file."""
+    good = {"id": "k1", "question": "Which kettle?", "answerable": True, "answers": ["K2"]}
+    path = tmp_path / "odd.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({**good, "evidence": [{"file": "k.pdf", "page": 1}]}),
+                json.dumps({**good, "id": "k2"}).replace(
+                    '"answers"', '"evidence": [{"file": "k.pdf", "page": 1e400}], "answers"'
+                ),
+                "[" * 100_000,
+                json.dumps({**good, "question": "Which kettle again?"}),
+                json.dumps({**good, "id": "k3"}),
+            ]
+        )
+        + "\n"
+    )
+    loaded = load_questions(path)
+    assert [q.id for q in loaded.questions] == ["k1", "k3"]
+    assert [e.split(":")[1] for e in loaded.errors] == ["2", "3", "4"]
+    assert "OverflowError" in loaded.errors[0] and "RecursionError" in loaded.errors[1]
+    assert "repeats" in loaded.errors[2]
+
+    from eval.harness import load_any
+    from ragline.errors import InvalidArgument
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    with pytest.raises(InvalidArgument, match=r"deep\.json: not SQuAD 2\.0 JSON"):
+        load_any(deep, tmp_path)
+
+
 def test_question_files_of_another_shape_or_kind_are_refused_naming_the_file(
     tmp_path: Path,
 ) -> None:
