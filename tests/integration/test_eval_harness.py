@@ -66,7 +66,8 @@ async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Pa
     questions = write_questions(tmp_path / "q.jsonl")
     out = tmp_path / "out"
     report = await run_eval(against(server, questions, out))
-    assert report["counts"] == {"questions": 3, "answerable": 2, "unanswerable": 1, "errors": 1}
+    counts = {"questions": 3, "answerable": 2, "unanswerable": 1, "errors": 1, "failed": 0}
+    assert report["counts"] == counts  # the unreadable line is an error, no request failed
     assert "q.jsonl:4" in report["errors"][0]
     retrieval = report["retrieval"]
     assert set(retrieval) >= {
