@@ -120,6 +120,24 @@ def load_questions(path: str | Path) -> LoadResult:
     return result
 
 
+def _listed(raw: dict, field: str) -> list:
+    """A record's list field (absent or null: empty); a string is refused, not read as a
+    list of its letters (each letter then "matched" any chunk holding it)."""
+    value = raw.get(field)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{field!r} must be a list")
+    return value
+
+
+def _page(value: object) -> int:
+    """A page number: a whole number from 1 (1.9 was read as page 1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"a page must be a whole number from 1, got {value!r}")
+    return value
+
+
 def _question_from_record(raw: dict) -> Question:
     if not isinstance(raw, dict):
         raise TypeError("record is not a JSON object")
@@ -129,15 +147,18 @@ def _question_from_record(raw: dict) -> Question:
     answerable = raw.get("answerable")
     if not isinstance(answerable, bool):
         raise ValueError("'answerable' must be true or false")
-    answers = tuple(str(a) for a in raw.get("answers") or ())
+    answers = tuple(str(a) for a in _listed(raw, "answers"))
     evidence = tuple(
-        Evidence(str(e["file"]), int(e["page"]), str(e.get("quote", "")))
-        for e in raw.get("evidence") or ()
+        Evidence(str(e["file"]), _page(e["page"]), str(e.get("quote", "")))
+        for e in _listed(raw, "evidence")
     )
     if answerable and not answers:
         raise ValueError("an answerable question needs 'answers'")
+    qid = str(raw["id"])
+    if not qid or any(ch.isspace() for ch in qid):  # run files are whitespace-separated
+        raise ValueError("'id' must be a non-empty string without whitespace")
     return Question(
-        id=str(raw["id"]),
+        id=qid,
         question=question,
         answerable=answerable,
         answers=answers,

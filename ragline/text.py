@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
+import unicodedata
 from functools import lru_cache
 
 import Stemmer
@@ -148,3 +149,19 @@ def asking(query: str) -> str:
     whole = parts(query)
     asked = [p for p in whole if _asks_something(p)]
     return asked[0] if len(asked) == 1 and len(whole) > 1 else query
+
+
+_SPACES = re.compile(r"\s+")
+
+
+def query_text(query: str) -> str:
+    """A question as every stage reads it: NFKC (as ingest normalises page text: full-width
+    letters, ligatures), whitespace collapsed, stripped. The gateway applies it once, so the
+    retriever, its cache key, the graph path, the filter and the reader read the same text."""
+    return _SPACES.sub(" ", unicodedata.normalize("NFKC", query)).strip()
+
+
+def lower_chars(text: str) -> str:
+    """Lower case one character at a time, as tokenizers do (``str.lower`` writes a final
+    capital sigma as ς, a tokenizer σ: other tokens)."""
+    return "".join(ch.lower() for ch in text)

@@ -18,24 +18,23 @@ import logging
 import math
 import re
 import time
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from ragline.text import lower_chars, query_text
 
-_SPACES = re.compile(r"\s+")
+logger = logging.getLogger(__name__)
 
 
 def normalize_query(query: str, casefold: bool) -> str:
-    """NFKC, collapsed whitespace; lower-cased only when the encoders lower-case anyway (as
-    ``str.lower``, what an uncased tokenizer does: ``casefold`` would also make "ß" "ss",
-    which the encoders read differently). The retriever encodes the query normalised this
-    way without the case step, so queries sharing a key are read the same: a key normalised
-    further than what the encoders read let a full-width query's ranking be served for the
-    ASCII one."""
-    text = _SPACES.sub(" ", unicodedata.normalize("NFKC", query)).strip()
-    return text.lower() if casefold else text
+    """:func:`ragline.text.query_text` (NFKC, collapsed whitespace); lower-cased only when
+    the encoders lower-case anyway, one character at a time as their tokenizers do
+    (``str.casefold`` would make "ß" "ss", ``str.lower`` a final "Σ" "ς": other tokens). The
+    retriever encodes the query as ``query_text`` gives it, so queries sharing a key are
+    read the same: a key normalised further than what the encoders read let a full-width
+    query's ranking be served for the ASCII one."""
+    text = query_text(query)
+    return lower_chars(text) if casefold else text
 
 
 Ranked = list[tuple[str, float, dict[str, float]]]

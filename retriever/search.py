@@ -12,9 +12,10 @@ from typing import Any, Literal
 import numpy as np
 
 from ragline.errors import FailedPrecondition, InvalidArgument
+from ragline.text import query_text
 from ragline.types import Chunk, Hit, SparseVector
 from retriever.backend import Filters, IndexBackend, SearchView
-from retriever.cache import QueryCache, Ranked, normalize_query
+from retriever.cache import QueryCache, Ranked
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.fusion import FusionMode, fuse
 
@@ -190,7 +191,7 @@ class Retriever:
         # What the encoders read and the cache key is made of: the same text, so two
         # queries that share a key are read alike (the key may drop case only where every
         # encoder's tokenizer lower-cases).
-        query = normalize_query(query, casefold=False)
+        query = query_text(query)
         use_cache = self.cache is not None and not bypass_cache
         if not use_cache:
             return await self._compute(view, query, k, options, allowed, {})

@@ -24,6 +24,7 @@ from generator.cells import CELL_STAGE, named_cells
 from generator.parts import bounded_asks, join_answers, part_evidence
 from ingest.batch import IngestReport
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, named
+from ragline.text import query_text
 from ragline.types import Answer, Hit
 from retriever.search import RetrievalResult, SearchOptions
 from services.auth import Principal
@@ -171,15 +172,26 @@ class Gateway:
 
     # -- validation ------------------------------------------------------------------------
     def validate_query(self, query: str, k: int, default_k: int | None = None) -> tuple[str, int]:
-        """Return the stripped query and effective k, or raise INVALID_ARGUMENT."""
-        text = query.strip()
+        """Return the query as every stage reads it (:func:`ragline.text.query_text`) and the
+        effective k, or raise INVALID_ARGUMENT: empty, over the length limit (as sent and as
+        normalised: NFKC can lengthen a character), or without a letter or digit (zero-width
+        or combining characters alone, which the encoders read as nothing: the hits were
+        arbitrary)."""
+        limit = self.limits.max_query_chars
+        sent = len(query.strip())
+        if sent > limit:
+            raise InvalidArgument.for_field(
+                "query", f"is {sent} characters, over the limit of {limit}"
+            )
+        text = query_text(query)
         if not text:
             raise InvalidArgument.for_field("query", "must not be empty")
-        if len(text) > self.limits.max_query_chars:
+        if len(text) > limit:
             raise InvalidArgument.for_field(
-                "query",
-                f"is {len(text)} characters, over the limit of {self.limits.max_query_chars}",
+                "query", f"is {len(text)} characters once normalised, over the limit of {limit}"
             )
+        if not any(ch.isalnum() for ch in text):
+            raise InvalidArgument.for_field("query", "has no letter or digit")
         if k == 0:
             k = default_k or self.limits.default_k
         if not 1 <= k <= self.limits.max_k:

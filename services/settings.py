@@ -383,7 +383,10 @@ class RetrieverSettings(BaseSettings):
         "qdrant-edge-py) or client (qdrant-client's pure-Python local mode, for tests).",
     )
     qdrant_collection: str = Field(
-        "ragline", min_length=1, max_length=255, description="Qdrant collection name."
+        "ragline",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$",
+        description="Qdrant collection name: letters, digits, '_', '.' or '-', not starting "
+        "with '.' or '-' (the embedded shard is a folder of this name under index_dir).",
     )
     qdrant_api_key: str = Field("", description="Qdrant API key, if the server needs one.")
     sparse_backend: Literal["exact", "seismic"] = Field(

@@ -150,6 +150,17 @@ async def test_retrieve_finds_the_right_page_then_hits_the_cache(channel) -> Non
         ragline_pb2.RetrieveRequest(query=request.query, k=3, bypass_cache=True), timeout=30
     )
     assert not bypass.cache_hit
+    # Full-width letters and odd spacing: one text for every stage (retriever, its cache
+    # key, the graph path), so the same hits, each reached the same way.
+    wide = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in request.query)
+    same = await stub.Retrieve(
+        ragline_pb2.RetrieveRequest(query=f"  {wide.replace(' ', chr(9) + ' ')} ", k=3),
+        timeout=30,
+    )
+    assert same.cache_hit
+    assert [(h.chunk.chunk_id, h.via) for h in same.hits] == [
+        (h.chunk.chunk_id, h.via) for h in first.hits
+    ]
 
 
 @pytest.mark.parametrize(
@@ -157,7 +168,10 @@ async def test_retrieve_finds_the_right_page_then_hits_the_cache(channel) -> Non
     [
         ("", 5, "query"),
         ("   ", 5, "query"),
+        ("\u200b\u00ad\ufeff", 5, "query"),  # zero-width only: the encoders read nothing
+        ("\u0301\u0301 ?", 5, "query"),  # combining marks and punctuation: no letter
         ("x" * 5000, 5, "query"),
+        ("\ufdfa" * 300, 5, "query"),  # 300 characters sent, 5,400 once NFKC-normalised
         ("ok", 1000, "k"),
         ("ok", -1, "k"),
     ],

@@ -11,8 +11,9 @@ import redis
 
 from ingest.batch import run_batch
 from ragline.errors import DataLoss, FailedPrecondition, NotFound
+from ragline.text import query_text
 from retriever.cache import QueryCache
-from retriever.encoders import SpladeEncoder
+from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.indexer import Indexer
 from retriever.search import SearchOptions
 from tests.conftest import MANUAL_PAGES, make_indexer, retriever_for
@@ -298,3 +299,40 @@ async def test_a_cached_ranking_serves_only_queries_read_alike_and_only_what_fil
     assert not served.cache_hit and {h.chunk.doc_id for h in served.hits} == {"manual"}
     client.delete(*client.keys(f"{prefix}*"))
     await cache.close()
+
+
+def test_queries_that_share_a_cache_key_are_read_alike_by_both_tokenizers(
+    encoder: SpladeEncoder, dense_encoder: DenseEncoder
+) -> None:
+    """The key lower-cases only as the tokenizers do, one character at a time: ``str.lower``
+    wrote a final capital sigma as ς where the tokenizers read σ, so "ΟΔΟΣ" and "οδος"
+    shared a key but not their tokens."""
+    cache = QueryCache(url="redis://unused")
+    casefold = encoder.uncased and dense_encoder.uncased
+    assert casefold  # both packaged models are uncased: the key does lower-case
+
+    def key(text: str) -> str:
+        return cache.key(text, k=5, generation=1, model_id="m", casefold=casefold)
+
+    def read(text: str) -> tuple[list[int], list[int]]:
+        return tuple(  # type: ignore[return-value]
+            list(model.model.tokenizer(query_text(text))["input_ids"])
+            for model in (encoder, dense_encoder)
+        )
+
+    pairs = [
+        ("ΟΔΟΣ ΑΣ valve", "οδος ας valve"),
+        ("ΟΔΟΣ ΑΣ valve", "οδοσ ασ valve"),
+        ("STRASSE", "straße"),
+        ("İstanbul", "i̇stanbul"),
+        ("ＫＥＴＴＬＥ  lid", "kettle lid"),
+        ("ǅ Ǆ", "ǆ ǆ"),
+        ("Kettle\u200bLid", "kettle\u200blid"),
+    ]
+    shared = 0
+    for a, b in pairs:
+        if key(a) == key(b):
+            shared += 1
+            assert read(a) == read(b), (a, b)
+    assert key("ΟΔΟΣ ΑΣ valve") != key("οδος ας valve")
+    assert shared >= 4  # the checks above compared something

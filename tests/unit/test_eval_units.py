@@ -169,28 +169,34 @@ def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
 
 def test_records_no_number_or_parser_can_hold_and_repeated_ids_are_skipped(tmp_path: Path) -> None:
     """A page of 1e400 (OverflowError in int()) and JSON nested 100,000 deep (RecursionError)
-    ended the run with a traceback; a repeated id made two rows of one id in the run file."""
+    ended the run with a traceback; a repeated id made two rows of one id in the run file, an
+    id with a space a run-file line of 7 columns; answers given as a string were read as its
+    letters (each then "found" in any chunk holding it), a page of 1.9 as page 1."""
     good = {"id": "k1", "question": "Which kettle?", "answerable": True, "answers": ["K2"]}
+    page = {"file": "k.pdf", "page": 1}
     path = tmp_path / "odd.jsonl"
-    path.write_text(
-        "\n".join(
-            [
-                json.dumps({**good, "evidence": [{"file": "k.pdf", "page": 1}]}),
-                json.dumps({**good, "id": "k2"}).replace(
-                    '"answers"', '"evidence": [{"file": "k.pdf", "page": 1e400}], "answers"'
-                ),
-                "[" * 100_000,
-                json.dumps({**good, "question": "Which kettle again?"}),
-                json.dumps({**good, "id": "k3"}),
-            ]
-        )
-        + "\n"
-    )
+    lines = [
+        json.dumps({**good, "evidence": [page]}),
+        json.dumps({**good, "id": "k2"}).replace(
+            '"answers"', '"evidence": [{"file": "k.pdf", "page": 1e400}], "answers"'
+        ),
+        "[" * 100_000,
+        json.dumps({**good, "question": "Which kettle again?"}),
+        json.dumps({**good, "id": "k 4"}),
+        json.dumps({**good, "id": "k5", "answers": "xyz"}),
+        json.dumps({**good, "id": "k6", "evidence": [{**page, "page": 1.9}]}),
+        json.dumps({**good, "id": "k7", "evidence": [{**page, "page": True}]}),
+        json.dumps({**good, "id": "k3"}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
     loaded = load_questions(path)
     assert [q.id for q in loaded.questions] == ["k1", "k3"]
-    assert [e.split(":")[1] for e in loaded.errors] == ["2", "3", "4"]
-    assert "OverflowError" in loaded.errors[0] and "RecursionError" in loaded.errors[1]
-    assert "repeats" in loaded.errors[2]
+    assert [e.split(":")[1] for e in loaded.errors] == ["2", "3", "4", "5", "6", "7", "8"]
+    assert "page must be a whole number" in loaded.errors[0]
+    assert "RecursionError" in loaded.errors[1]
+    assert "repeats" in loaded.errors[2] and "without whitespace" in loaded.errors[3]
+    assert "'answers' must be a list" in loaded.errors[4]
+    assert all("page must be a whole number" in e for e in loaded.errors[5:])
 
     from eval.harness import load_any
     from ragline.errors import InvalidArgument
