@@ -115,7 +115,7 @@ def load_questions(path: str | Path) -> LoadResult:
                 seen.add(question.id)
                 result.questions.append(question)
             except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
-                # OverflowError: a page of 1e400; RecursionError: JSON nested too deep
+                # RecursionError: JSON nested too deep; OverflowError: a number no field holds
                 result.errors.append(f"{path}:{number}: {type(exc).__name__}: {exc}")
     return result
 
