@@ -9,6 +9,7 @@ from typing import Protocol
 from generator.budget import TokenBudget
 from generator.cells import read_cell
 from generator.contract import Reason, check_answer
+from generator.injection import without_instructions
 from generator.prompt import build_messages, system_prompt_for
 from generator.verify import AnswerVerifier
 from ragline.types import Answer, Hit
@@ -90,10 +91,13 @@ class AnswerGenerator:
     async def stream(
         self, question: str, evidence: Sequence[Hit], max_new_tokens: int = 0
     ) -> AsyncIterator[str | Answer]:
-        """Yield raw text deltas, then the checked :class:`Answer` last."""
+        """Yield raw text deltas, then the checked :class:`Answer` last. The model, the
+        contract and the second reading see the passages without their sentences addressed
+        to a model (:mod:`generator.injection`)."""
         if not evidence:
             yield Answer.insufficient_info(Reason.NO_EVIDENCE)
             return
+        evidence = without_instructions(evidence)
         parts: list[str] = []
         tables = self.read_cells and any(hit.chunk.kind == "table" for hit in evidence)
         cell = await asyncio.to_thread(read_cell, question, evidence) if tables else None
