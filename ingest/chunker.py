@@ -134,8 +134,33 @@ def _find_title(text: str, title: str, start: int) -> int | None:
     return match.start() - len(number.group(1)) if number else match.start()
 
 
+_BROKEN_WORD = re.compile(r"[^\W\d_]{2,}-")
+"""A word hyphenated at the end of a page ("de-"): its rest opens the next page. Within a page
+:func:`ingest.pdf.clean_page_text` re-joins line-end hyphens; across pages only here."""
+
+
+def _rejoined(head: str, rest: str) -> str | None:
+    """``head`` ("de-") ending a page and ``rest`` ("termined") opening the next as one word,
+    when that is an English word (wordfreq knows it): the next page may open elsewhere (a
+    figure, a footnote) — "serializa-" | "immediately" is no word."""
+    if not (_BROKEN_WORD.fullmatch(head) and rest[0].islower()):
+        return None
+    from wordfreq import zipf_frequency
+
+    joined = head[:-1] + rest
+    return joined if zipf_frequency(joined.strip(_EDGE_PUNCTUATION), "en") > 0 else None
+
+
+_EDGE_PUNCTUATION = ".,;:!?()[]{}'\"‘’“”"
+
+
 def _extend(section: Section, text: str, page: int) -> None:
     words = text.split()
+    if words and section.words and section.pages[-1] != page:
+        joined = _rejoined(section.words[-1], words[0])
+        if joined is not None:  # one word, on the page it starts on
+            section.words[-1] = joined
+            words.pop(0)
     section.words.extend(words)
     section.pages.extend([page] * len(words))
 

@@ -193,3 +193,21 @@ def test_long_table_parts_fit_the_splade_model_in_its_own_tokens() -> None:
     assert len(parts) > 1 and max(sizes) <= MAX_TABLE_TOKENS + 12
     body = [line for part in parts for line in part.split("\n")[4:]]
     assert body == text.split("\n")[4:]
+
+
+def test_a_word_hyphenated_across_a_page_break_is_one_word_again() -> None:
+    """Within a page the PDF reader re-joins line-end hyphens; "de-" ending one page and
+    "termined" opening the next stayed two words ("is de- termined by")."""
+    pages = (
+        "The flow of the snorkel pump is de-",
+        "termined by the valve. A well-known rule: the K7 kettle holds 2 litres. Hand-",
+        "Written notes follow on the serializa-",
+        "immediately next figure.",
+    )
+    (chunk,) = chunk_pages("pump", "h", pages, config=ChunkerConfig(min_words=1))
+    assert "is determined by the valve" in chunk.text
+    assert "well-known" in chunk.text  # a hyphen inside a line is the word's own
+    assert "Hand- Written" in chunk.text  # a capital after the break: not a broken word
+    # the next page opens elsewhere (a figure, a footnote): no English word, left as it is
+    assert "serializa- immediately" in chunk.text
+    assert chunk.pages == (1, 2, 3, 4)
