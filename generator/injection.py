@@ -19,8 +19,9 @@ from dataclasses import replace
 from ragline.text import sentences
 from ragline.types import Hit
 
-_START = r"(?:^|[:;]\s*)\W*(?:(?:now|please|from\s+now\s+on),?\s+)?"
-"""Where an imperative begins: the sentence's start, or after "rules:"."""
+_START = r"(?:^|[:;.!?]\s+|[:;]|^\W+)(?:(?:now|please|from\s+now\s+on),?\s+)?"
+"""Where an imperative begins: a line's start, after a sentence's end, or after "rules:" (so
+that a search over a whole passage finds what a search over its sentences does)."""
 _PATTERNS = (
     # "ignore all previous instructions", "disregard the rules above"
     r"\b(ignore|disregard|forget|override)\s+(all\s+|any\s+)?(the\s+|your\s+|my\s+)?"
@@ -37,7 +38,7 @@ _PATTERNS = (
     r"\bthe\s+(only\s+|correct\s+|right\s+|true\s+)?answer\s+to\s+(every|all|each|any)\s+"
     r"(\w+\s+)?questions?\b",
     # "you must answer ...", "you are now an assistant", "as an AI language model"
-    r"\byou\s+(must|should|will|shall)\s+(now\s+)?(always\s+|only\s+)?"
+    r"\byou\s+(must|shall)\s+(now\s+)?(always\s+|only\s+)?"
     r"(answer|respond|reply|say|output)\b",
     r"\byou\s+are\s+(now\s+)?(an?\s+)?(ai|assistant|chatbot|language\s+model|llm)\b",
     r"\bas\s+an?\s+(ai|language\s+model|llm)\b",
@@ -49,7 +50,7 @@ _PATTERNS = (
     # "cite [9]": a citation marker is the model's to write, never a document's demand
     r"\bcite\s+(passage\s+)?\[\d+\]",
 )
-INSTRUCTION = re.compile("|".join(f"(?:{p})" for p in _PATTERNS), re.IGNORECASE)
+INSTRUCTION = re.compile("|".join(f"(?:{p})" for p in _PATTERNS), re.IGNORECASE | re.MULTILINE)
 
 
 def _units(line: str) -> list[str]:
