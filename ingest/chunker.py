@@ -134,6 +134,8 @@ def _find_title(text: str, title: str, start: int) -> int | None:
     return match.start() - len(number.group(1)) if number else match.start()
 
 
+_EDGE_PUNCTUATION = ".,;:!?()[]{}'\"‘’“”"
+"""Stripped from a re-joined word before it is looked up ("termined." → "determined")."""
 _BROKEN_WORD = re.compile(r"[^\W\d_]{2,}-")
 """A word hyphenated at the end of a page ("de-"): its rest opens the next page. Within a page
 :func:`ingest.pdf.clean_page_text` re-joins line-end hyphens; across pages only here."""
@@ -149,9 +151,6 @@ def _rejoined(head: str, rest: str) -> str | None:
 
     joined = head[:-1] + rest
     return joined if zipf_frequency(joined.strip(_EDGE_PUNCTUATION), "en") > 0 else None
-
-
-_EDGE_PUNCTUATION = ".,;:!?()[]{}'\"‘’“”"
 
 
 def _extend(section: Section, text: str, page: int) -> None:

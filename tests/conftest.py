@@ -196,3 +196,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def full_width(text: str) -> str:
+    """``text`` with its printable ASCII as full-width forms: NFKC folds them back."""
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)

@@ -23,7 +23,14 @@ from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grp
 from retriever.encoders import SpladeEncoder
 from services.build import build_gateway
 from services.server import RunningServer, start_server
-from tests.conftest import MANUAL_PAGES, make_indexer, make_settings, stop_beside, write_pdf
+from tests.conftest import (
+    MANUAL_PAGES,
+    full_width,
+    make_indexer,
+    make_settings,
+    stop_beside,
+    write_pdf,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -152,7 +159,7 @@ async def test_retrieve_finds_the_right_page_then_hits_the_cache(channel) -> Non
     assert not bypass.cache_hit
     # Full-width letters and odd spacing: one text for every stage (retriever, its cache
     # key, the graph path), so the same hits, each reached the same way.
-    wide = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in request.query)
+    wide = full_width(request.query)
     same = await stub.Retrieve(
         ragline_pb2.RetrieveRequest(query=f"  {wide.replace(' ', chr(9) + ' ')} ", k=3),
         timeout=30,

@@ -16,7 +16,7 @@ from retriever.cache import QueryCache
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.indexer import Indexer
 from retriever.search import SearchOptions
-from tests.conftest import MANUAL_PAGES, make_indexer, retriever_for
+from tests.conftest import MANUAL_PAGES, full_width, make_indexer, retriever_for
 
 pytestmark = pytest.mark.integration
 
@@ -262,7 +262,7 @@ async def test_a_cached_ranking_serves_only_queries_read_alike_and_only_what_fil
     retriever = retriever_for(store, cache=cache)
     client = redis.Redis.from_url(redis_url)
     query = "frobnicator installer disk space"
-    wide = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in query)
+    wide = full_width(query)
     truth = await retriever.search(query, 3, SearchOptions(), bypass_cache=True)
     assert truth.hits[0].chunk.doc_id == "disk"
 
