@@ -26,6 +26,7 @@ from ingest.layout import (
     title_paths,
     without_navigation,
 )
+from ingest.spacing import apply, respaced_blocks, worth_reading
 from ingest.tables import (
     Table,
     closes_page,
@@ -39,7 +40,7 @@ from ragline.errors import InvalidArgument, visible
 _log = logging.getLogger(__name__)
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-8"
+PARSER_VERSION = b"ragline-parser-9"
 """Part of a document's identity: a parser change re-ingests unchanged files once."""
 
 
@@ -114,6 +115,9 @@ class ParsedDocument:
     """The document's title (see :func:`document_title`); "" when none reads like one."""
     navigation: tuple[int, ...] = ()
     """1-based pages left out as a table of contents or an index."""
+    repaired: bool = False
+    """MuPDF had to rebuild the file's cross-reference table on opening: the file is damaged
+    (truncated, or written badly). Named in the reason for a page without text."""
 
     def flag_reasons(self) -> dict[int, str]:
         """Why each flagged page was left out."""
@@ -127,7 +131,7 @@ class ParsedDocument:
             elif n in self.navigation:
                 reasons[n] = "table of contents or index (page references, no content)"
             elif not self.pages[n - 1] and self.quality[n - 1] == 0:
-                reasons[n] = "no text"
+                reasons[n] = "no text" + (f" ({DAMAGED})" if self.repaired else "")
             else:
                 reasons[n] = f"garbled text (quality {self.quality[n - 1]:.2f})"
         return reasons
@@ -223,6 +227,7 @@ def read_pdf(
         if refused:
             raise bad(refused)
         metadata_title = _CONTROL.sub(" ", str((doc.metadata or {}).get("title") or ""))
+        repaired = bool(doc.is_repaired)
         try:
             extracted = _extract(doc, limits)
             outline = tuple(
@@ -231,10 +236,9 @@ def read_pdf(
             )
         except Exception as exc:
             raise bad(f"corrupt PDF: text extraction failed ({_library_says(exc, name)})") from exc
+        if not any(extracted.texts):
+            raise bad(f"no extractable text ({_why_no_text(doc, extracted)})")
     pages, quality = extracted.texts, extracted.quality
-    if not any(pages):
-        hint = "" if extracted.ocr_available else "; install tesseract-ocr to OCR it"
-        raise bad(f"no extractable text (scanned or image-only PDF{hint})")
     readable_first = pages[0] if pages and quality[0] >= limits.min_quality else ""
     title = document_title(metadata_title, readable_first)
     if not limits.navigation_pages:  # contents and index pages: their entries left out
@@ -264,7 +268,23 @@ def read_pdf(
         unreadable=tuple(n for n in extracted.unreadable if n in flagged),
         title=title,
         navigation=navigation,
+        repaired=repaired,
     )
+
+
+DAMAGED = "the file is damaged: truncated or broken, MuPDF had to repair it"
+
+
+def _why_no_text(doc: pymupdf.Document, extracted: _Extracted) -> str:
+    """Why no page of ``doc`` gave text, for the uploader: a damaged file says so first (a
+    truncated upload loses its pages' content, not its images); a file with images on its
+    pages is scanned (OCR'd when Tesseract is here); else its pages hold no text at all."""
+    if doc.is_repaired:
+        return DAMAGED
+    if extracted.unreadable or extracted.ocr_pages or any(p.get_images() for p in doc.pages()):
+        hint = "" if extracted.ocr_available else "; install tesseract-ocr to OCR it"
+        return f"scanned or image-only PDF{hint}"
+    return "its pages hold neither text nor images"
 
 
 MAX_TITLE_WORDS = 12
@@ -424,6 +444,11 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
             if b[6] == 0 and b[4].strip()
         ]
         code: set[int] = set()
+        if worth_reading([b[4] for b in raw]):
+            spaced = respaced_blocks(page.get_text("rawdict", flags=flags, textpage=text_layer))
+            raw = [
+                (*b[:4], apply(b[4], spaced[b[5]]), *b[5:]) if b[5] in spaced else b for b in raw
+            ]
         if raw:
             layout = page.get_text("dict", flags=flags, textpage=text_layer)
             code = _code_blocks(layout)

@@ -247,7 +247,7 @@ def test_table_marks_become_table_chunks_under_their_section() -> None:
 
 def test_ocr_off_reports_an_image_only_page_as_unreadable(tmp_path: Path) -> None:
     path = scanned_pdf(tmp_path / "scan.pdf")
-    with pytest.raises(InvalidArgument, match="no extractable text"):
+    with pytest.raises(InvalidArgument, match="no extractable text .scanned or image-only"):
         read_pdf(path.read_bytes(), path.name, PdfLimits(ocr=False))
     mixed = scanned_pdf(tmp_path / "mixed.pdf", text_page="A normal page of text.")
     doc = read_pdf(mixed.read_bytes(), mixed.name, PdfLimits(ocr=False))
@@ -373,3 +373,34 @@ def test_a_document_of_same_shaped_one_line_pages_is_its_own_text(tmp_path: Path
     path = write_pdf(tmp_path / "receipts.pdf", lines)
     doc = read_pdf(path.read_bytes(), path.name)
     assert [page.strip() for page in doc.pages] == lines and not doc.flagged
+
+
+def tracked(page: pymupdf.Page, text: str, y: float, tracking: float, size: float = 11) -> None:
+    """``text`` set one glyph at a time, ``tracking`` points apart (letter-spaced)."""
+    x = 50.0
+    for ch in text:
+        page.insert_text((x, y), ch, fontsize=size, fontname="helv")
+        x += pymupdf.get_text_length(ch, fontname="helv", fontsize=size) + tracking
+
+
+def test_letter_spaced_lines_are_read_as_words(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    page = doc.new_page()
+    sentence = "The Harrowgate ferry leaves the pier at dawn."
+    tracked(page, sentence, 100, 2.0)  # MuPDF reads it one letter per word
+    tracked(page, "ABSTRACT", 130, 4.0)  # a letter-spaced heading of one word
+    page.insert_text((50, 160), "Let p q r s be the four ropes of the mooring.", fontsize=11)
+    tracked(page, "QWRTZPK", 190, 2.0)  # letters that make no word
+    page.insert_text((50, 220), "Plain text keeps its spacing as it is.", fontsize=11)
+    path = tmp_path / "spaced.pdf"
+    doc.save(path)
+    raw = pymupdf.open(path)[0].get_text()
+    assert "T h e H a r r o w g a t e" in raw  # what there was to mend
+    text = read_pdf(path.read_bytes(), "spaced.pdf").pages[0]
+    assert text.splitlines() == [
+        sentence,
+        "ABSTRACT",
+        "Let p q r s be the four ropes of the mooring.",
+        "Q W R T Z P K",
+        "Plain text keeps its spacing as it is.",
+    ]

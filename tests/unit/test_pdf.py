@@ -79,13 +79,33 @@ def test_encrypted_pdf_is_refused(tmp_path: Path) -> None:
         read_pdf(path.read_bytes(), path.name)
 
 
-def test_image_only_pdf_is_refused(tmp_path: Path) -> None:
+def test_a_pdf_of_blank_pages_is_refused_as_such(tmp_path: Path) -> None:
     doc = pymupdf.open()
     doc.new_page()
     path = tmp_path / "blank.pdf"
     doc.save(path)
-    with pytest.raises(InvalidArgument, match="no extractable text"):
+    with pytest.raises(InvalidArgument, match="no extractable text .its pages hold neither"):
         read_pdf(path.read_bytes(), path.name)
+
+
+def test_a_truncated_pdf_says_it_is_damaged(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    for n in range(3):
+        doc.new_page().insert_text((50, 100), f"Lock keeper's log, entry {n}: the gate held.")
+    data = doc.tobytes(deflate=True)
+    # cut inside the first page's content: no page keeps its text
+    with pytest.raises(InvalidArgument, match="no extractable text .the file is damaged"):
+        read_pdf(data[: len(data) // 3], "cut.pdf")
+    # cut inside the second page's: the first is read, the others say why they are empty
+    half = read_pdf(data[: len(data) // 2], "half.pdf")
+    assert half.pages[0].startswith("Lock keeper's log, entry 0")
+    assert half.flagged == (2, 3)
+    assert all("the file is damaged" in why for why in half.flag_reasons().values())
+    # a whole file is not called damaged
+    whole = doc.tobytes()
+    blank = pymupdf.open(stream=whole, filetype="pdf")
+    blank.new_page()
+    assert "damaged" not in read_pdf(blank.tobytes(), "whole.pdf").flag_reasons()[4]
 
 
 def test_limits_are_enforced(make_pdf: Callable[..., Path]) -> None:
