@@ -153,18 +153,22 @@ FILLER = frozenset(stem(w) for w in _FILLER_TEXT.split())
 additional arguments:"): they say nothing the question did not."""
 
 _ASKS_NUMBER = re.compile(
-    r"\b(how (many|much|long|old|large|big)|(what|which) ([\w-]+ ){0,2}(year|version|value"
-    r"|percentage|factor)|(what|which) number|in what year|(maximum|minimum|max|min|default) "
-    r"(number|size|length|value|version|width|height|count)|(page|word|size|character|length"
-    r"|time) limits?|font size)\b",
+    r"\b(how (many|much|long|old|large|big|fast|far|heavy|wide|tall|deep)|(what|which) "
+    r"([\w-]+ ){0,2}(year|version|value|percentage|factor|speed|temperature|frequency|weight"
+    r"|distance|depth|duration|capacity|voltage|pressure)|(what|which) number|in what year"
+    r"|(maximum|minimum|max|min|default) (number|size|length|value|version|width|height|count)"
+    r"|(page|word|size|character|length|time) limits?|font size"
+    r"|in (rpm|[kmg]?hz|seconds|minutes|hours|days|[kmg]?i?bytes|[kmg]i?b|pt|points|mm|cm|inches"
+    r"|degrees|percent|kg|grams|volts|watts|metres|meters|km|miles))\b",
     re.I,
 )
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
 
 
 def expects_number(question: str) -> bool:
-    """Whether the question asks for a number: how many/much/long, what year/version/value,
-    a maximum/minimum/default size, a page or word limit, a font size."""
+    """Whether the question asks for a number: how many/much/long/fast/far, what
+    year/version/value/speed/temperature, a maximum/minimum/default size, a page or word
+    limit, a font size, or an answer in a unit ("in rpm", "in points")."""
     return bool(_ASKS_NUMBER.search(question))
 
 

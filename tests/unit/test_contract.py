@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from generator.contract import Reason, check_answer, clean_output
+from generator.contract import Reason, check_answer, clean_output, expects_number
 from generator.prompt import (
     SMALL_MODEL_SYSTEM_PROMPT,
     SYSTEM_PROMPT,
@@ -391,6 +391,21 @@ def test_a_question_that_asks_for_a_number_gets_one_or_insufficient_info() -> No
     evidence = [hit("The MASS package includes 87 datasets used in the book.")]
     answer = check_answer(question, "It includes 87 datasets [1].", evidence, 0.9, 5, True)
     assert not answer.insufficient and "87" in answer.text
+
+
+@pytest.mark.parametrize(
+    ("question", "asks"),
+    [
+        ("What speed does the Trelwick kettle's fan turn at, in rpm?", True),
+        ("How fast does the ferry cross the sound?", True),
+        ("At what temperature does the kettle switch itself off?", True),
+        ("How wide is the lock gate, in metres?", True),
+        ("What colour is the kettle's lid?", False),
+        ("In which town does the ferry dock at night?", False),
+    ],
+)
+def test_questions_asking_for_a_quantity_expect_a_number(question: str, asks: bool) -> None:
+    assert expects_number(question) is asks
 
 
 def test_an_answer_that_only_restates_the_question_has_no_content() -> None:
