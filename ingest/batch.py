@@ -75,6 +75,8 @@ class FileResult:
     """Pages left out, and why: no text layer, or garbled text (quality under the threshold)."""
     tables: int = 0
     ocr_pages: tuple[int, ...] = ()
+    running_lines: tuple[tuple[str, int], ...] = ()
+    """Running headers/footers removed from the text: each line and the pages it left."""
 
     def __post_init__(self) -> None:
         # Reports are JSON and protobuf strings: neither carries a file name's raw bytes.
@@ -136,6 +138,9 @@ class IngestReport:
                     "chunks": r.chunks,
                     "ocr_pages": list(r.ocr_pages),
                     "pages_left_out": {str(p): why for p, why in r.flag_reasons.items()},
+                    "running_lines_removed": [
+                        {"text": text, "pages": n} for text, n in r.running_lines
+                    ],
                 }
                 for r in self.results
             ],
@@ -219,6 +224,7 @@ class Parsed:
     flag_reasons: dict[int, str]
     tables: int
     ocr_pages: tuple[int, ...]
+    running_lines: tuple[tuple[str, int], ...] = ()
 
 
 def parse_document(
@@ -257,6 +263,7 @@ def parse_document(
         doc.flag_reasons(),
         len(doc.tables),
         doc.ocr_pages,
+        doc.running,
     )
 
 
@@ -291,6 +298,7 @@ def _store(
         flag_reasons=parsed.flag_reasons,
         tables=parsed.tables,
         ocr_pages=parsed.ocr_pages,
+        running_lines=parsed.running_lines,
     )
 
 

@@ -105,6 +105,45 @@ def running_lines(pages: Sequence[Sequence[Block]], heights: Sequence[float]) ->
     return {key for key, n in counts.items() if n >= MIN_REPEATS}
 
 
+MAX_REPORTED_LINES = 20
+"""Running lines named per document in the ingest report (the most repeated first)."""
+MAX_REPORTED_CHARS = 120
+
+
+def removed_lines(
+    pages: Sequence[Sequence[Block]], heights: Sequence[float], running: set[str]
+) -> tuple[tuple[str, int], ...]:
+    """What :func:`body_text` removes as running headers/footers, for the report: each
+    running line's first text (whitespace collapsed, clipped) and the pages it was removed
+    from, most pages first (at most :data:`MAX_REPORTED_LINES`; bare page numbers are not
+    named). A margin line recurring on
+    three pages may be content (a safety notice on every page): the uploader sees it went."""
+    first: dict[str, str] = {}
+    counts: Counter[str] = Counter()
+    for blocks, height in zip(pages, heights, strict=True):
+        keys = set()
+        for block in blocks:
+            key = margin_key(block.text)
+            if (
+                key in running
+                and not block.pinned
+                and _in_margin(block, height)
+                and not _PAGE_NUMBER.match(block.text)
+            ):
+                keys.add(key)
+                first.setdefault(key, _printable(block.text)[:MAX_REPORTED_CHARS])
+        counts.update(keys)
+    ranked = sorted(first, key=lambda key: -counts[key])  # ties: in the order first seen
+    return tuple((first[key], counts[key]) for key in ranked[:MAX_REPORTED_LINES])
+
+
+def _printable(text: str) -> str:
+    """``text`` on one line, without control characters (it is printed to terminals)."""
+    return "".join(
+        ch for ch in _SPACES.sub(" ", text).strip() if unicodedata.category(ch)[0] != "C"
+    )
+
+
 def body_text(blocks: Sequence[Block], height: float, running: set[str]) -> str:
     """A page's text without running headers/footers and bare page numbers."""
     kept = []

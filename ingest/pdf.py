@@ -21,6 +21,7 @@ from ingest.layout import (
     body_text,
     is_navigation,
     reading_order,
+    removed_lines,
     running_lines,
     text_quality,
     title_paths,
@@ -115,9 +116,13 @@ class ParsedDocument:
     """The document's title (see :func:`document_title`); "" when none reads like one."""
     navigation: tuple[int, ...] = ()
     """1-based pages left out as a table of contents or an index."""
-    repaired: bool = False
-    """MuPDF had to rebuild the file's cross-reference table on opening: the file is damaged
-    (truncated, or written badly). Named in the reason for a page without text."""
+    running: tuple[tuple[str, int], ...] = ()
+    """Running headers/footers removed from the pages' text: each line's first text and the
+    pages it was removed from (:func:`ingest.layout.removed_lines`)."""
+    truncated: bool = False
+    """The file ends before its end-of-file marker and MuPDF had to rebuild its
+    cross-reference table: it was cut short (an upload or copy that stopped), and pages past
+    the cut lost their content. Named in the reason for a page without text."""
 
     def flag_reasons(self) -> dict[int, str]:
         """Why each flagged page was left out."""
@@ -131,7 +136,7 @@ class ParsedDocument:
             elif n in self.navigation:
                 reasons[n] = "table of contents or index (page references, no content)"
             elif not self.pages[n - 1] and self.quality[n - 1] == 0:
-                reasons[n] = "no text" + (f" ({DAMAGED})" if self.repaired else "")
+                reasons[n] = "no text" + (f" ({TRUNCATED})" if self.truncated else "")
             else:
                 reasons[n] = f"garbled text (quality {self.quality[n - 1]:.2f})"
         return reasons
@@ -227,7 +232,7 @@ def read_pdf(
         if refused:
             raise bad(refused)
         metadata_title = _CONTROL.sub(" ", str((doc.metadata or {}).get("title") or ""))
-        repaired = bool(doc.is_repaired)
+        truncated = bool(doc.is_repaired) and b"%%EOF" not in data[-EOF_WINDOW:]
         try:
             extracted = _extract(doc, limits)
             outline = tuple(
@@ -237,7 +242,7 @@ def read_pdf(
         except Exception as exc:
             raise bad(f"corrupt PDF: text extraction failed ({_library_says(exc, name)})") from exc
         if not any(extracted.texts):
-            raise bad(f"no extractable text ({_why_no_text(doc, extracted)})")
+            raise bad(f"no extractable text ({_why_no_text(doc, extracted, truncated)})")
     pages, quality = extracted.texts, extracted.quality
     readable_first = pages[0] if pages and quality[0] >= limits.min_quality else ""
     title = document_title(metadata_title, readable_first)
@@ -268,23 +273,33 @@ def read_pdf(
         unreadable=tuple(n for n in extracted.unreadable if n in flagged),
         title=title,
         navigation=navigation,
-        repaired=repaired,
+        running=extracted.running,
+        truncated=truncated,
     )
 
 
-DAMAGED = "the file is damaged: truncated or broken, MuPDF had to repair it"
+TRUNCATED = "the file is cut short: it ends before its end-of-file marker"
+EOF_WINDOW = 2048
+"""A complete PDF ends with ``%%EOF`` (a few bytes of trailing junk are common)."""
 
 
-def _why_no_text(doc: pymupdf.Document, extracted: _Extracted) -> str:
-    """Why no page of ``doc`` gave text, for the uploader: a damaged file says so first (a
-    truncated upload loses its pages' content, not its images); a file with images on its
-    pages is scanned (OCR'd when Tesseract is here); else its pages hold no text at all."""
-    if doc.is_repaired:
-        return DAMAGED
-    if extracted.unreadable or extracted.ocr_pages or any(p.get_images() for p in doc.pages()):
+def _why_no_text(doc: pymupdf.Document, extracted: _Extracted, truncated: bool) -> str:
+    """Why no page of ``doc`` gave text, for the uploader: a truncated file says so first (a
+    cut upload loses its pages' content, not their images); a file with images on its pages,
+    inline ones included, is scanned (OCR'd when Tesseract is here); else its pages hold no
+    text layer and no image."""
+    if truncated:
+        return TRUNCATED
+    if extracted.unreadable or extracted.ocr_pages or any(map(_has_image, doc.pages())):
         hint = "" if extracted.ocr_available else "; install tesseract-ocr to OCR it"
         return f"scanned or image-only PDF{hint}"
-    return "its pages hold neither text nor images"
+    return "no page has a text layer or an image: blank pages, or text drawn as shapes"
+
+
+def _has_image(page: pymupdf.Page) -> bool:
+    """Whether an image shows on ``page``: an image object, or one inline in its content
+    (``BI … ID … EI``, as fax and scanner software writes), which ``get_images`` misses."""
+    return bool(page.get_images() or page.get_image_info())
 
 
 MAX_TITLE_WORDS = 12
@@ -388,6 +403,7 @@ class _Extracted:
     ocr_pages: tuple[int, ...]
     unreadable: tuple[int, ...]
     ocr_available: bool
+    running: tuple[tuple[str, int], ...] = ()
 
 
 def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
@@ -458,7 +474,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
                     (*b[:4], drop_marks(b[4], marks[b[5]]), *b[5:]) if b[5] in marks else b
                     for b in raw
                 ]
-        if not raw and page.get_images():
+        if not raw and _has_image(page):
             if tessdata is None or len(ocr_pages) >= limits.max_ocr_pages:
                 unreadable.append(number)
             else:
@@ -501,8 +517,9 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
     if not any(texts) and running:
         # Every line was a "running" margin line: short, same-shaped one-line pages (a run of
         # invoices, a slide deck's titles) are the document itself, not its headers.
+        running = set()
         texts = tuple(
-            clean_page_text(body_text(b, h, set())) for b, h in zip(pages, heights, strict=True)
+            clean_page_text(body_text(b, h, running)) for b, h in zip(pages, heights, strict=True)
         )
     quality = tuple(
         text_quality(CODE_MARK_RE.sub("", TABLE_MARK_RE.sub(lambda m: table_text[m.group(0)], t)))
@@ -516,6 +533,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
         ocr_pages=tuple(ocr_pages),
         unreadable=tuple(unreadable),
         ocr_available=tessdata is not None,
+        running=removed_lines(pages, heights, running),
     )
 
 

@@ -13,28 +13,38 @@ row of one-letter table cells stays as it is:
 - at least :data:`MIN_RUN` one-character words side by side on one horizontal line, at least
   :data:`MIN_LETTERS` of them letters;
 - the letter gap (the run's median gap) under :data:`MAX_LETTER_GAP` of the font size;
-- the words it makes read as words: a gap clearly wider than the letter gap
-  (:data:`WORD_GAP_RATIO` times, and :data:`WORD_GAP_EXTRA` of the font size more) is a word
-  break; not most of the words single letters, and at least :data:`MIN_KNOWN` of those of three
-  letters or more English words wordfreq knows. A run without a word break could as well be
-  separate one-letter words: it is joined only into a common English word
-  (:data:`SPACED_WORD_ZIPF`).
+- the gaps are those of tracking: every letter the same distance apart (within
+  :data:`GAP_TOLERANCE` of it plus :data:`GAP_TOLERANCE_SIZE` of the font size), a word break
+  at least :data:`MIN_WORD_SPACE` of the font size wider; at the run's ends any other gap is a
+  break too (a "1" set normally before a heading tracked wider than a space). Any other gap
+  inside the run (one-letter table cells, whose gaps vary with the glyphs' widths) and the
+  run stays as it is;
+- the words it makes read as words: fewer than half of them single letters, and at least
+  :data:`MIN_KNOWN` of those of three letters or more English words wordfreq knows. A run
+  without a word break could as well be separate one-letter words (a list of variables, a
+  row of one-letter table cells): it is joined only into one common English word of
+  :data:`MIN_SPACED_WORD` letters or more (:data:`SPACED_WORD_ZIPF`).
+
+Each run is judged once, whole, so a line costs time linear in its length; pages over
+:data:`MAX_PAGE_CHARS` characters are not read glyph by glyph at all.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 MIN_RUN = 4
 MIN_LETTERS = 4
-MAX_LETTER_GAP = 0.6
-WORD_GAP_RATIO = 1.6
-WORD_GAP_EXTRA = 0.1
+MAX_LETTER_GAP = 0.4
+GAP_TOLERANCE = 0.25
+GAP_TOLERANCE_SIZE = 0.03
+MIN_WORD_SPACE = 0.2
 MIN_KNOWN = 0.6
 SPACED_WORD_ZIPF = 3.0
+MIN_SPACED_WORD = 5
 """A run with no word break is joined only into a common English word ("A B S T R A C T");
 wordfreq's Zipf scale, 3 is one in a million words ("abcdef" is 1.2, "abstract" 4.1)."""
 _EDGE = ".,;:!?'\"()[]"
@@ -65,7 +75,8 @@ def looks_letter_spaced(text: str) -> bool:
 
 def respaced(glyphs: Sequence[Glyph]) -> str:
     """One line's text with its letter-spaced runs re-joined (see the module docstring);
-    ``"".join`` of the characters when there is none."""
+    ``"".join`` of the characters when there is none. Each run is judged once, whole: linear
+    in the line's length."""
     words = _words(glyphs)
     out: list[str] = []
     i = 0
@@ -73,10 +84,9 @@ def respaced(glyphs: Sequence[Glyph]) -> str:
         j = i
         while j < len(words) and len(words[j][0]) == 1:
             j += 1
-        run = words[i:j] if j - i >= MIN_RUN else []
-        joined = _joined(run) if run else None
-        if joined is not None:
-            out.append(joined)
+        if j - i >= MIN_RUN:
+            joined = _joined(words[i:j])
+            out.extend([joined] if joined is not None else (w[0] for w in words[i:j]))
             i = j
         else:
             out.append(words[i][0])
@@ -85,33 +95,44 @@ def respaced(glyphs: Sequence[Glyph]) -> str:
     return line if line != " ".join(w[0] for w in words) else "".join(g[0] for g in glyphs)
 
 
-def respaced_blocks(layout: Mapping[str, Any]) -> dict[int, list[tuple[str, str]]]:
-    """For each block of a page's ``get_text("rawdict")`` with a letter-spaced line, the
-    ``(line as extracted, line re-joined)`` pairs of its changed lines, by block number."""
-    changed: dict[int, list[tuple[str, str]]] = {}
+def respaced_blocks(layout: Mapping[str, Any]) -> dict[int, list[tuple[str, str | None]]]:
+    """For each block of a page's ``get_text("rawdict")`` with a letter-spaced line, its lines
+    in order as ``(line as extracted, line re-joined or None where unchanged)``."""
+    changed: dict[int, list[tuple[str, str | None]]] = {}
     for block in layout.get("blocks", ()):
+        lines: list[tuple[str, str | None]] = []
         for line in block.get("lines", ()):
-            if abs(line.get("dir", (1.0, 0.0))[1]) > 1e-3:  # rotated or vertical text
-                continue
             glyphs = [
                 (c["c"], c["bbox"][0], c["bbox"][2], span["size"])
                 for span in line["spans"]
                 for c in span["chars"]
             ]
             text = "".join(g[0] for g in glyphs)
-            if not looks_letter_spaced(text):
-                continue
-            fixed = respaced(glyphs)
-            if fixed != text:
-                changed.setdefault(block["number"], []).append((text, fixed))
+            fixed = None
+            horizontal = abs(line.get("dir", (1.0, 0.0))[1]) <= 1e-3  # not rotated text
+            if horizontal and looks_letter_spaced(text):
+                fixed = respaced(glyphs)
+            lines.append((text, fixed if fixed != text else None))
+        if any(fixed is not None for _, fixed in lines):
+            changed[block["number"]] = lines
     return changed
 
 
-def apply(text: str, changes: Iterable[tuple[str, str]]) -> str:
-    """``text`` (a block's, one line per line) with each extracted line replaced by its
-    re-joined form."""
-    fixed = dict(changes)
-    return "\n".join(fixed.get(line, line) for line in text.split("\n"))
+def apply(text: str, lines: Sequence[tuple[str, str | None]]) -> str:
+    """``text`` (a block's, one line per line) with its letter-spaced lines re-joined.
+    ``lines`` are the block's glyph lines in order (:func:`respaced_blocks`); each is matched to
+    the next text line that reads the same, a few lines ahead at most (de-hyphenation may have
+    merged two), so two lines that read alike each get their own re-joining."""
+    out = text.split("\n")
+    at = 0
+    for before, after in lines:
+        found = next((k for k in range(at, min(at + 3, len(out))) if out[k] == before), None)
+        if found is None:
+            continue
+        if after is not None:
+            out[found] = after
+        at = found + 1
+    return "\n".join(out)
 
 
 def _words(glyphs: Sequence[Glyph]) -> list[tuple[str, float, float, float]]:
@@ -144,19 +165,29 @@ def _joined(run: Sequence[tuple[str, float, float, float]]) -> str | None:
     letter = statistics.median(gaps)
     if letter > MAX_LETTER_GAP * size:
         return None
-    breaks = [
-        g > WORD_GAP_RATIO * max(letter, 0.0) and g - letter > WORD_GAP_EXTRA * size for g in gaps
-    ]
+    tolerance = GAP_TOLERANCE * max(letter, 0.0) + GAP_TOLERANCE_SIZE * size
+    breaks = []
+    for n, gap in enumerate(gaps):
+        if abs(gap - letter) <= tolerance:
+            breaks.append(False)
+        elif gap >= letter + MIN_WORD_SPACE * size or n in (0, len(gaps) - 1):
+            breaks.append(True)  # a space, or where tracked text meets normally set text
+        else:  # neither a letter's gap nor a space's: not uniform tracking (table cells)
+            return None
     text = run[0][0] + "".join(
         (" " if brk else "") + w[0] for brk, w in zip(breaks, run[1:], strict=True)
     )
     from wordfreq import zipf_frequency
 
-    if not any(breaks):  # one word, or one-letter words evenly spaced ("x y z w")
-        common = text.isalpha() and zipf_frequency(text.lower(), "en") >= SPACED_WORD_ZIPF
+    if not any(breaks):  # one word, or one-letter words evenly spaced ("x y z w", table cells)
+        common = (
+            text.isalpha()
+            and len(text) >= MIN_SPACED_WORD
+            and zipf_frequency(text.lower(), "en") >= SPACED_WORD_ZIPF
+        )
         return text if common else None
     words = [w.strip(_EDGE) for w in text.split()]
-    if sum(len(w) == 1 for w in words) * 2 > len(words):  # most of them single letters
+    if sum(len(w) == 1 for w in words) * 2 >= len(words):  # half of them single letters
         return None
     long = [w for w in words if len(w) >= 3]  # wordfreq knows most two-letter strings
     known = sum(zipf_frequency(w.lower(), "en") > 0 for w in long)

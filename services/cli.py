@@ -151,6 +151,9 @@ def _print_report(report: IngestReport, args: argparse.Namespace) -> bool:
         for why, pages in by_reason.items():  # one line per reason: "pp. 3-5, 65-68"
             where = f"p.{pages[0]}" if len(pages) == 1 else f"pp.{_page_ranges(pages)}"
             print(f"page left out: {result.source} {where}: {why}", file=sys.stderr)
+        if args.verbose:
+            for text, n in result.running_lines:
+                print(f"running line removed: {result.source} ({n} pages): {text}")
     print(report.summary())
     if args.report:
         try:

@@ -333,6 +333,10 @@ def file_result_to_pb(result: FileResult) -> ragline_pb2.IngestFileResult:
         tables=result.tables,
         ocr_pages=result.ocr_pages,
         pages_left_out=result.flag_reasons,
+        running_lines_removed=[
+            ragline_pb2.IngestFileResult.RemovedLine(text=text, pages=n)
+            for text, n in result.running_lines
+        ],
     )
 
 
@@ -356,6 +360,7 @@ def ingest_from_pb(pb: ragline_pb2.IngestResponse) -> tuple[IngestReport, IndexI
             flag_reasons=dict(sorted(r.pages_left_out.items())),
             tables=r.tables,
             ocr_pages=tuple(r.ocr_pages),
+            running_lines=tuple((line.text, line.pages) for line in r.running_lines_removed),
         )
         for r in pb.results
     ]

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ragline.v1 import common_pb2 as ragline_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragline/v1/ragline.proto\x12\nragline.v1\x1a\x17ragline/v1/common.proto\")\n\x08\x44ocument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"x\n\rIngestRequest\x12\r\n\x05paths\x18\x01 \x03(\t\x12\'\n\tdocuments\x18\x02 \x03(\x0b\x32\x14.ragline.v1.Document\x12\x12\n\ncollection\x18\x03 \x01(\t\x12\x1b\n\x13replace_other_paths\x18\x04 \x01(\x08\"\x8f\x03\n\x10IngestFileResult\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x33\n\x06status\x18\x03 \x01(\x0e\x32#.ragline.v1.IngestFileResult.Status\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05pages\x18\x05 \x01(\x05\x12\x0e\n\x06\x63hunks\x18\x06 \x01(\x05\x12\x0e\n\x06tables\x18\x07 \x01(\x05\x12\x11\n\tocr_pages\x18\x08 \x03(\x05\x12\x46\n\x0epages_left_out\x18\t \x03(\x0b\x32..ragline.v1.IngestFileResult.PagesLeftOutEntry\x1a\x33\n\x11PagesLeftOutEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x0c\n\x08INGESTED\x10\x01\x12\r\n\tUNCHANGED\x10\x02\x12\x0c\n\x08REPLACED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\"o\n\x0eIngestResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.ragline.v1.IngestFileResult\x12\x18\n\x10index_generation\x18\x02 \x01(\x03\x12\x14\n\x0c\x63hunks_total\x18\x03 \x01(\x03\"\x85\x01\n\x0fRetrieveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x14\n\x0c\x62ypass_cache\x18\x03 \x01(\x08\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.ragline.v1.SearchOptions\x12\x16\n\x0escore_evidence\x18\x05 \x01(\x08\"\xd1\x01\n\x10RetrieveResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tcache_hit\x18\x02 \x01(\x08\x12\x18\n\x10index_generation\x18\x03 \x01(\x03\x12?\n\ntimings_ms\x18\x04 \x03(\x0b\x32+.ragline.v1.RetrieveResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x80\x01\n\rAnswerRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x11\n\tthreshold\x18\x04 \x01(\x02\x12*\n\x07options\x18\x05 \x01(\x0b\x32\x19.ragline.v1.SearchOptions\"\x83\x02\n\x0e\x41nswerResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x14\n\x0cinsufficient\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\tcitations\x18\x04 \x03(\x0b\x32\x14.ragline.v1.Citation\x12!\n\x08\x65vidence\x18\x05 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12=\n\ntimings_ms\x18\x06 \x03(\x0b\x32).ragline.v1.AnswerResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"]\n\x14\x41nswerStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12+\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1a.ragline.v1.AnswerResponseH\x00\x42\x07\n\x05\x65vent\";\n\x15\x44\x65leteDocumentRequest\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x12\n\ncollection\x18\x02 \x01(\t\"J\n\x16\x44\x65leteDocumentResponse\x12\x16\n\x0e\x63hunks_removed\x18\x01 \x01(\x05\x12\x18\n\x10index_generation\x18\x02 \x01(\x03\"\x11\n\x0fGetStatsRequest\"\xa7\x02\n\x10GetStatsResponse\x12\x11\n\tdocuments\x18\x01 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x03\x12\x18\n\x10index_generation\x18\x03 \x01(\x03\x12\x38\n\x06models\x18\x04 \x03(\x0b\x32(.ragline.v1.GetStatsResponse.ModelsEntry\x12<\n\x08\x63ounters\x18\x05 \x03(\x0b\x32*.ragline.v1.GetStatsResponse.CountersEntry\x1a-\n\x0bModelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xc1\x03\n\x07Ragline\x12?\n\x06Ingest\x12\x19.ragline.v1.IngestRequest\x1a\x1a.ragline.v1.IngestResponse\x12\x45\n\x08Retrieve\x12\x1b.ragline.v1.RetrieveRequest\x1a\x1c.ragline.v1.RetrieveResponse\x12?\n\x06\x41nswer\x12\x19.ragline.v1.AnswerRequest\x1a\x1a.ragline.v1.AnswerResponse\x12M\n\x0c\x41nswerStream\x12\x19.ragline.v1.AnswerRequest\x1a .ragline.v1.AnswerStreamResponse0\x01\x12W\n\x0e\x44\x65leteDocument\x12!.ragline.v1.DeleteDocumentRequest\x1a\".ragline.v1.DeleteDocumentResponse\x12\x45\n\x08GetStats\x12\x1b.ragline.v1.GetStatsRequest\x1a\x1c.ragline.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ragline/v1/ragline.proto\x12\nragline.v1\x1a\x17ragline/v1/common.proto\")\n\x08\x44ocument\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"x\n\rIngestRequest\x12\r\n\x05paths\x18\x01 \x03(\t\x12\'\n\tdocuments\x18\x02 \x03(\x0b\x32\x14.ragline.v1.Document\x12\x12\n\ncollection\x18\x03 \x01(\t\x12\x1b\n\x13replace_other_paths\x18\x04 \x01(\x08\"\x84\x04\n\x10IngestFileResult\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x33\n\x06status\x18\x03 \x01(\x0e\x32#.ragline.v1.IngestFileResult.Status\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05pages\x18\x05 \x01(\x05\x12\x0e\n\x06\x63hunks\x18\x06 \x01(\x05\x12\x0e\n\x06tables\x18\x07 \x01(\x05\x12\x11\n\tocr_pages\x18\x08 \x03(\x05\x12\x46\n\x0epages_left_out\x18\t \x03(\x0b\x32..ragline.v1.IngestFileResult.PagesLeftOutEntry\x12G\n\x15running_lines_removed\x18\n \x03(\x0b\x32(.ragline.v1.IngestFileResult.RemovedLine\x1a\x33\n\x11PagesLeftOutEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x0bRemovedLine\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05pages\x18\x02 \x01(\x05\"W\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x0c\n\x08INGESTED\x10\x01\x12\r\n\tUNCHANGED\x10\x02\x12\x0c\n\x08REPLACED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\"o\n\x0eIngestResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.ragline.v1.IngestFileResult\x12\x18\n\x10index_generation\x18\x02 \x01(\x03\x12\x14\n\x0c\x63hunks_total\x18\x03 \x01(\x03\"\x85\x01\n\x0fRetrieveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x14\n\x0c\x62ypass_cache\x18\x03 \x01(\x08\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.ragline.v1.SearchOptions\x12\x16\n\x0escore_evidence\x18\x05 \x01(\x08\"\xd1\x01\n\x10RetrieveResponse\x12\x1d\n\x04hits\x18\x01 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12\x11\n\tcache_hit\x18\x02 \x01(\x08\x12\x18\n\x10index_generation\x18\x03 \x01(\x03\x12?\n\ntimings_ms\x18\x04 \x03(\x0b\x32+.ragline.v1.RetrieveResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x80\x01\n\rAnswerRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x11\n\tthreshold\x18\x04 \x01(\x02\x12*\n\x07options\x18\x05 \x01(\x0b\x32\x19.ragline.v1.SearchOptions\"\x83\x02\n\x0e\x41nswerResponse\x12\x0e\n\x06\x61nswer\x18\x01 \x01(\t\x12\x14\n\x0cinsufficient\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\tcitations\x18\x04 \x03(\x0b\x32\x14.ragline.v1.Citation\x12!\n\x08\x65vidence\x18\x05 \x03(\x0b\x32\x0f.ragline.v1.Hit\x12=\n\ntimings_ms\x18\x06 \x03(\x0b\x32).ragline.v1.AnswerResponse.TimingsMsEntry\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"]\n\x14\x41nswerStreamResponse\x12\x0f\n\x05\x64\x65lta\x18\x01 \x01(\tH\x00\x12+\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1a.ragline.v1.AnswerResponseH\x00\x42\x07\n\x05\x65vent\";\n\x15\x44\x65leteDocumentRequest\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x12\n\ncollection\x18\x02 \x01(\t\"J\n\x16\x44\x65leteDocumentResponse\x12\x16\n\x0e\x63hunks_removed\x18\x01 \x01(\x05\x12\x18\n\x10index_generation\x18\x02 \x01(\x03\"\x11\n\x0fGetStatsRequest\"\xa7\x02\n\x10GetStatsResponse\x12\x11\n\tdocuments\x18\x01 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x02 \x01(\x03\x12\x18\n\x10index_generation\x18\x03 \x01(\x03\x12\x38\n\x06models\x18\x04 \x03(\x0b\x32(.ragline.v1.GetStatsResponse.ModelsEntry\x12<\n\x08\x63ounters\x18\x05 \x03(\x0b\x32*.ragline.v1.GetStatsResponse.CountersEntry\x1a-\n\x0bModelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xc1\x03\n\x07Ragline\x12?\n\x06Ingest\x12\x19.ragline.v1.IngestRequest\x1a\x1a.ragline.v1.IngestResponse\x12\x45\n\x08Retrieve\x12\x1b.ragline.v1.RetrieveRequest\x1a\x1c.ragline.v1.RetrieveResponse\x12?\n\x06\x41nswer\x12\x19.ragline.v1.AnswerRequest\x1a\x1a.ragline.v1.AnswerResponse\x12M\n\x0c\x41nswerStream\x12\x19.ragline.v1.AnswerRequest\x1a .ragline.v1.AnswerStreamResponse0\x01\x12W\n\x0e\x44\x65leteDocument\x12!.ragline.v1.DeleteDocumentRequest\x1a\".ragline.v1.DeleteDocumentResponse\x12\x45\n\x08GetStats\x12\x1b.ragline.v1.GetStatsRequest\x1a\x1c.ragline.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,39 +47,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INGESTREQUEST']._serialized_start=108
   _globals['_INGESTREQUEST']._serialized_end=228
   _globals['_INGESTFILERESULT']._serialized_start=231
-  _globals['_INGESTFILERESULT']._serialized_end=630
-  _globals['_INGESTFILERESULT_PAGESLEFTOUTENTRY']._serialized_start=490
-  _globals['_INGESTFILERESULT_PAGESLEFTOUTENTRY']._serialized_end=541
-  _globals['_INGESTFILERESULT_STATUS']._serialized_start=543
-  _globals['_INGESTFILERESULT_STATUS']._serialized_end=630
-  _globals['_INGESTRESPONSE']._serialized_start=632
-  _globals['_INGESTRESPONSE']._serialized_end=743
-  _globals['_RETRIEVEREQUEST']._serialized_start=746
-  _globals['_RETRIEVEREQUEST']._serialized_end=879
-  _globals['_RETRIEVERESPONSE']._serialized_start=882
-  _globals['_RETRIEVERESPONSE']._serialized_end=1091
-  _globals['_RETRIEVERESPONSE_TIMINGSMSENTRY']._serialized_start=1043
-  _globals['_RETRIEVERESPONSE_TIMINGSMSENTRY']._serialized_end=1091
-  _globals['_ANSWERREQUEST']._serialized_start=1094
-  _globals['_ANSWERREQUEST']._serialized_end=1222
-  _globals['_ANSWERRESPONSE']._serialized_start=1225
-  _globals['_ANSWERRESPONSE']._serialized_end=1484
-  _globals['_ANSWERRESPONSE_TIMINGSMSENTRY']._serialized_start=1043
-  _globals['_ANSWERRESPONSE_TIMINGSMSENTRY']._serialized_end=1091
-  _globals['_ANSWERSTREAMRESPONSE']._serialized_start=1486
-  _globals['_ANSWERSTREAMRESPONSE']._serialized_end=1579
-  _globals['_DELETEDOCUMENTREQUEST']._serialized_start=1581
-  _globals['_DELETEDOCUMENTREQUEST']._serialized_end=1640
-  _globals['_DELETEDOCUMENTRESPONSE']._serialized_start=1642
-  _globals['_DELETEDOCUMENTRESPONSE']._serialized_end=1716
-  _globals['_GETSTATSREQUEST']._serialized_start=1718
-  _globals['_GETSTATSREQUEST']._serialized_end=1735
-  _globals['_GETSTATSRESPONSE']._serialized_start=1738
-  _globals['_GETSTATSRESPONSE']._serialized_end=2033
-  _globals['_GETSTATSRESPONSE_MODELSENTRY']._serialized_start=1939
-  _globals['_GETSTATSRESPONSE_MODELSENTRY']._serialized_end=1984
-  _globals['_GETSTATSRESPONSE_COUNTERSENTRY']._serialized_start=1986
-  _globals['_GETSTATSRESPONSE_COUNTERSENTRY']._serialized_end=2033
-  _globals['_RAGLINE']._serialized_start=2036
-  _globals['_RAGLINE']._serialized_end=2485
+  _globals['_INGESTFILERESULT']._serialized_end=747
+  _globals['_INGESTFILERESULT_PAGESLEFTOUTENTRY']._serialized_start=563
+  _globals['_INGESTFILERESULT_PAGESLEFTOUTENTRY']._serialized_end=614
+  _globals['_INGESTFILERESULT_REMOVEDLINE']._serialized_start=616
+  _globals['_INGESTFILERESULT_REMOVEDLINE']._serialized_end=658
+  _globals['_INGESTFILERESULT_STATUS']._serialized_start=660
+  _globals['_INGESTFILERESULT_STATUS']._serialized_end=747
+  _globals['_INGESTRESPONSE']._serialized_start=749
+  _globals['_INGESTRESPONSE']._serialized_end=860
+  _globals['_RETRIEVEREQUEST']._serialized_start=863
+  _globals['_RETRIEVEREQUEST']._serialized_end=996
+  _globals['_RETRIEVERESPONSE']._serialized_start=999
+  _globals['_RETRIEVERESPONSE']._serialized_end=1208
+  _globals['_RETRIEVERESPONSE_TIMINGSMSENTRY']._serialized_start=1160
+  _globals['_RETRIEVERESPONSE_TIMINGSMSENTRY']._serialized_end=1208
+  _globals['_ANSWERREQUEST']._serialized_start=1211
+  _globals['_ANSWERREQUEST']._serialized_end=1339
+  _globals['_ANSWERRESPONSE']._serialized_start=1342
+  _globals['_ANSWERRESPONSE']._serialized_end=1601
+  _globals['_ANSWERRESPONSE_TIMINGSMSENTRY']._serialized_start=1160
+  _globals['_ANSWERRESPONSE_TIMINGSMSENTRY']._serialized_end=1208
+  _globals['_ANSWERSTREAMRESPONSE']._serialized_start=1603
+  _globals['_ANSWERSTREAMRESPONSE']._serialized_end=1696
+  _globals['_DELETEDOCUMENTREQUEST']._serialized_start=1698
+  _globals['_DELETEDOCUMENTREQUEST']._serialized_end=1757
+  _globals['_DELETEDOCUMENTRESPONSE']._serialized_start=1759
+  _globals['_DELETEDOCUMENTRESPONSE']._serialized_end=1833
+  _globals['_GETSTATSREQUEST']._serialized_start=1835
+  _globals['_GETSTATSREQUEST']._serialized_end=1852
+  _globals['_GETSTATSRESPONSE']._serialized_start=1855
+  _globals['_GETSTATSRESPONSE']._serialized_end=2150
+  _globals['_GETSTATSRESPONSE_MODELSENTRY']._serialized_start=2056
+  _globals['_GETSTATSRESPONSE_MODELSENTRY']._serialized_end=2101
+  _globals['_GETSTATSRESPONSE_COUNTERSENTRY']._serialized_start=2103
+  _globals['_GETSTATSRESPONSE_COUNTERSENTRY']._serialized_end=2150
+  _globals['_RAGLINE']._serialized_start=2153
+  _globals['_RAGLINE']._serialized_end=2602
 # @@protoc_insertion_point(module_scope)

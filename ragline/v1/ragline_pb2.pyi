@@ -29,7 +29,7 @@ class IngestRequest(_message.Message):
     def __init__(self, paths: _Optional[_Iterable[str]] = ..., documents: _Optional[_Iterable[_Union[Document, _Mapping]]] = ..., collection: _Optional[str] = ..., replace_other_paths: _Optional[bool] = ...) -> None: ...
 
 class IngestFileResult(_message.Message):
-    __slots__ = ("source", "doc_id", "status", "reason", "pages", "chunks", "tables", "ocr_pages", "pages_left_out")
+    __slots__ = ("source", "doc_id", "status", "reason", "pages", "chunks", "tables", "ocr_pages", "pages_left_out", "running_lines_removed")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATUS_UNSPECIFIED: _ClassVar[IngestFileResult.Status]
@@ -49,6 +49,13 @@ class IngestFileResult(_message.Message):
         key: int
         value: str
         def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    class RemovedLine(_message.Message):
+        __slots__ = ("text", "pages")
+        TEXT_FIELD_NUMBER: _ClassVar[int]
+        PAGES_FIELD_NUMBER: _ClassVar[int]
+        text: str
+        pages: int
+        def __init__(self, text: _Optional[str] = ..., pages: _Optional[int] = ...) -> None: ...
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +65,7 @@ class IngestFileResult(_message.Message):
     TABLES_FIELD_NUMBER: _ClassVar[int]
     OCR_PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGES_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_LINES_REMOVED_FIELD_NUMBER: _ClassVar[int]
     source: str
     doc_id: str
     status: IngestFileResult.Status
@@ -67,7 +75,8 @@ class IngestFileResult(_message.Message):
     tables: int
     ocr_pages: _containers.RepeatedScalarFieldContainer[int]
     pages_left_out: _containers.ScalarMap[int, str]
-    def __init__(self, source: _Optional[str] = ..., doc_id: _Optional[str] = ..., status: _Optional[_Union[IngestFileResult.Status, str]] = ..., reason: _Optional[str] = ..., pages: _Optional[int] = ..., chunks: _Optional[int] = ..., tables: _Optional[int] = ..., ocr_pages: _Optional[_Iterable[int]] = ..., pages_left_out: _Optional[_Mapping[int, str]] = ...) -> None: ...
+    running_lines_removed: _containers.RepeatedCompositeFieldContainer[IngestFileResult.RemovedLine]
+    def __init__(self, source: _Optional[str] = ..., doc_id: _Optional[str] = ..., status: _Optional[_Union[IngestFileResult.Status, str]] = ..., reason: _Optional[str] = ..., pages: _Optional[int] = ..., chunks: _Optional[int] = ..., tables: _Optional[int] = ..., ocr_pages: _Optional[_Iterable[int]] = ..., pages_left_out: _Optional[_Mapping[int, str]] = ..., running_lines_removed: _Optional[_Iterable[_Union[IngestFileResult.RemovedLine, _Mapping]]] = ...) -> None: ...
 
 class IngestResponse(_message.Message):
     __slots__ = ("results", "index_generation", "chunks_total")

@@ -392,6 +392,11 @@ def test_letter_spaced_lines_are_read_as_words(tmp_path: Path) -> None:
     page.insert_text((50, 160), "Let p q r s be the four ropes of the mooring.", fontsize=11)
     tracked(page, "QWRTZPK", 190, 2.0)  # letters that make no word
     page.insert_text((50, 220), "Plain text keeps its spacing as it is.", fontsize=11)
+    page.insert_text((50, 250), "Find a", fontsize=11)  # a normal "a", then a tracked word
+    x = 50 + pymupdf.get_text_length("Find a ", fontname="helv", fontsize=11)
+    for ch in "path":
+        page.insert_text((x, 250), ch, fontsize=11, fontname="helv")
+        x += pymupdf.get_text_length(ch, fontname="helv", fontsize=11) + 2.0
     path = tmp_path / "spaced.pdf"
     doc.save(path)
     raw = pymupdf.open(path)[0].get_text()
@@ -403,4 +408,5 @@ def test_letter_spaced_lines_are_read_as_words(tmp_path: Path) -> None:
         "Let p q r s be the four ropes of the mooring.",
         "Q W R T Z P K",
         "Plain text keeps its spacing as it is.",
+        "Find a p a t h",  # left as read: "a" is no part of the tracked word, nor is "apath"
     ]

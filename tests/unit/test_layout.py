@@ -7,7 +7,14 @@ import pymupdf
 import pytest
 
 from ingest.chunker import chunk_pages, split_sections
-from ingest.layout import Block, body_text, running_lines, text_quality, title_paths
+from ingest.layout import (
+    Block,
+    body_text,
+    removed_lines,
+    running_lines,
+    text_quality,
+    title_paths,
+)
 from ingest.pdf import read_pdf
 
 pytestmark = pytest.mark.unit
@@ -27,6 +34,21 @@ def test_running_headers_and_page_numbers_are_found_and_removed() -> None:
     assert body_text(pages[2], 792.0, running) == "Body text 3."
     # a heading that happens to sit in the body is never dropped
     assert body_text([Block(300, 320, "Chapter 2: Data import 3")], 792.0, running)
+
+
+def test_removed_lines_name_each_running_line_once_with_its_pages() -> None:
+    notice = "Keep\x1b[2J hands  clear of the\nblade while it turns"
+    pages = [
+        [Block(20, 40, "Lathe guide"), Block(100, 400, f"Step {n}."), Block(770, 785, notice)]
+        for n in range(1, 5)
+    ]
+    pages.append([Block(100, 400, "Step 5.")])
+    running = running_lines(pages, [792.0] * 5)
+    assert removed_lines(pages, [792.0] * 5, running) == (
+        ("Lathe guide", 4),
+        ("Keep[2J hands clear of the blade while it turns", 4),  # printable, on one line
+    )
+    assert removed_lines(pages, [792.0] * 5, set()) == ()
 
 
 def test_title_paths_follow_the_outline() -> None:
@@ -73,6 +95,8 @@ def test_pdf_headers_footers_and_outline(tmp_path: Path, make_pdf: Callable[...,
     doc.save(path)
     parsed = read_pdf(path.read_bytes(), path.name)
     assert all("Manual" not in text for text in parsed.pages)
+    # what was removed is named for the report (page numbers alone are not)
+    assert parsed.running == (("R Data Import/Export Manual", 4),)
     assert parsed.pages[2].strip() == "Section body 3 about spreadsheets and fixed-width files."
     assert parsed.titles[2] == ("2 Spreadsheet-like data", "2.2 Fixed-width-format files")
     assert parsed.flagged == () and min(parsed.quality) == 1.0

@@ -390,6 +390,7 @@ def test_an_ingest_report_crosses_the_wire_whole() -> None:
                 flag_reasons={4: "garbled text (quality 0.21)", 2: "no text"},
                 tables=1,
                 ocr_pages=(3,),
+                running_lines=(("Safety first: unplug before cleaning", 4), ("Ferry guide", 3)),
             ),
             FileResult("bad.pdf", "bad", "failed", reason="corrupt PDF"),
         ]
