@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from ingest.chunker import ChunkerConfig, chunk_pages
 from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf, utf8_name
-from ragline.errors import InvalidArgument, RaglineError
+from ragline.errors import InvalidArgument, RaglineError, visible
 from ragline.faults import failpoint
 from ragline.files import sweep_process_folders, write_atomic
 from ragline.types import Chunk
@@ -82,6 +82,7 @@ class FileResult:
         # Reports are JSON and protobuf strings: neither carries a file name's raw bytes.
         self.source, self.doc_id = utf8_name(self.source), utf8_name(self.doc_id)
         self.reason = utf8_name(self.reason)
+        self.running_lines = tuple((visible(text), int(n)) for text, n in self.running_lines)
 
     @property
     def flagged(self) -> tuple[int, ...]:

@@ -27,7 +27,11 @@ manuals change their running head per chapter ("Chapter 2: ..." on a handful of 
 
 _DIGITS = re.compile(r"\d+")
 _SPACES = re.compile(r"\s+")
-_PAGE_NUMBER = re.compile(r"^\s*(page\s*)?[\divxlc]+(\s*(of|/)\s*\d+)?\s*$", re.I)
+_ROMAN = r"(?=[ivxlcdm])m{0,3}(cm|cd|d?c{0,3})(xc|xl|l?x{0,3})(ix|iv|v?i{0,3})"
+_PAGE_NUMBER = re.compile(
+    rf"^\s*([Pp]age\s*|PAGE\s*)?(\d+|{_ROMAN}|{_ROMAN.upper()})(\s*(of|OF|/)\s*\d+)?\s*$"
+)
+"""A bare page number: digits or a roman numeral in one case ("xii", "XII"; not "Civil")."""
 _GLYPH_RUN = re.compile(r"([^\s.\-_=*·])\1{7,}")
 
 
@@ -137,11 +141,15 @@ def removed_lines(
     return tuple((first[key], counts[key]) for key in ranked[:MAX_REPORTED_LINES])
 
 
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\ud800-\udfff\ue000-\uf8ff\u202a-\u202e\u2066-\u2069]"
+)
+
+
 def _printable(text: str) -> str:
-    """``text`` on one line, without control characters (it is printed to terminals)."""
-    return "".join(
-        ch for ch in _SPACES.sub(" ", text).strip() if unicodedata.category(ch)[0] != "C"
-    )
+    """``text`` on one line, without control, private-use or surrogate characters and
+    bidirectional overrides (it is printed to terminals); joiners (emoji, Persian) stay."""
+    return _UNPRINTABLE.sub("", _SPACES.sub(" ", text).strip())
 
 
 def body_text(blocks: Sequence[Block], height: float, running: set[str]) -> str:

@@ -15,9 +15,10 @@ row of one-letter table cells stays as it is:
 - the letter gap (the run's median gap) under :data:`MAX_LETTER_GAP` of the font size;
 - the gaps are those of tracking: every letter the same distance apart (within
   :data:`GAP_TOLERANCE` of it plus :data:`GAP_TOLERANCE_SIZE` of the font size), a word break
-  at least :data:`MIN_WORD_SPACE` of the font size wider; at the run's ends any other gap is a
-  break too (a "1" set normally before a heading tracked wider than a space). Any other gap
-  inside the run (one-letter table cells, whose gaps vary with the glyphs' widths) and the
+  at least :data:`MIN_WORD_SPACE` of the font size wider; at the run's ends a gap wider than
+  the letter gap is a break too (where tracked text meets normally set text), and so is a
+  change of font size (:data:`SIZE_CHANGE`: a footnote mark, a drop capital). Any other gap
+  (one-letter table cells, whose gaps vary with the glyphs' widths; a kerned pair) and the
   run stays as it is;
 - the words it makes read as words: fewer than half of them single letters, and at least
   :data:`MIN_KNOWN` of those of three letters or more English words wordfreq knows. A run
@@ -42,6 +43,7 @@ MAX_LETTER_GAP = 0.4
 GAP_TOLERANCE = 0.25
 GAP_TOLERANCE_SIZE = 0.03
 MIN_WORD_SPACE = 0.2
+SIZE_CHANGE = 1.15
 MIN_KNOWN = 0.6
 SPACED_WORD_ZIPF = 3.0
 MIN_SPACED_WORD = 5
@@ -60,10 +62,11 @@ Glyph = tuple[str, float, float, float]
 """A character of a line: text, left x, right x, font size."""
 
 
-def worth_reading(texts: Sequence[str]) -> bool:
-    """Whether a page of these block texts should be read glyph by glyph: one holds a
-    letter-spaced run and the page is not too long (:data:`MAX_PAGE_CHARS`)."""
-    return sum(map(len, texts)) <= MAX_PAGE_CHARS and any(map(looks_letter_spaced, texts))
+def worth_reading(texts: Sequence[str], page_chars: int) -> bool:
+    """Whether a page with these block texts, ``page_chars`` characters in all (blank blocks
+    included), should be read glyph by glyph: one block holds a letter-spaced run and the page
+    is not too long (:data:`MAX_PAGE_CHARS`)."""
+    return page_chars <= MAX_PAGE_CHARS and any(map(looks_letter_spaced, texts))
 
 
 def looks_letter_spaced(text: str) -> bool:
@@ -167,12 +170,14 @@ def _joined(run: Sequence[tuple[str, float, float, float]]) -> str | None:
         return None
     tolerance = GAP_TOLERANCE * max(letter, 0.0) + GAP_TOLERANCE_SIZE * size
     breaks = []
-    for n, gap in enumerate(gaps):
-        if abs(gap - letter) <= tolerance:
+    for n, (gap, a, b) in enumerate(zip(gaps, run, run[1:], strict=False)):
+        if max(a[3], b[3]) > SIZE_CHANGE * min(a[3], b[3]):
+            breaks.append(True)  # a footnote mark, a drop capital: not one word with its text
+        elif abs(gap - letter) <= tolerance:
             breaks.append(False)
-        elif gap >= letter + MIN_WORD_SPACE * size or n in (0, len(gaps) - 1):
+        elif gap >= letter + MIN_WORD_SPACE * size or (gap > letter and n in (0, len(gaps) - 1)):
             breaks.append(True)  # a space, or where tracked text meets normally set text
-        else:  # neither a letter's gap nor a space's: not uniform tracking (table cells)
+        else:  # neither a letter's gap nor a space's (table cells, a kerned pair): left as read
             return None
     text = run[0][0] + "".join(
         (" " if brk else "") + w[0] for brk, w in zip(breaks, run[1:], strict=True)

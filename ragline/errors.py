@@ -89,14 +89,16 @@ def named(items: Sequence[str], limit: int = 10) -> str:
     return f"{shown}{more}"
 
 
-_UNPRINTABLE = re.compile("[\ud800-\udfff\x00-\x1f\x7f-\x9f]")
+_UNPRINTABLE = re.compile("[\ud800-\udfff\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""Lone surrogates, control characters, and the bidirectional overrides and isolates (an RLO
+in a name prints the rest of the line reversed: "report\u202efdp.exe")."""
 
 
 def visible(text: str, keep_lines: bool = False) -> str:
     """``text`` safe to store, send and print: each lone surrogate (an undecodable byte of a
-    file name, PEP 383) and each control character (an ESC would drive the terminal, a
-    newline forge a line) as a visible ``\\xNN`` (``\\uNNNN`` for other surrogates); with
-    ``keep_lines``, newlines stay."""
+    file name, PEP 383), each control character (an ESC would drive the terminal, a newline
+    forge a line) and each bidirectional override or isolate as a visible ``\\xNN``
+    (``\\uNNNN`` for the others); with ``keep_lines``, newlines stay."""
 
     def escape(match: re.Match[str]) -> str:
         char = match.group()

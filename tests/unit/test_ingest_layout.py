@@ -14,6 +14,7 @@ from ingest.batch import parse_document
 from ingest.chunker import ChunkerConfig, chunk_pages, split_table
 from ingest.layout import Block, reading_order
 from ingest.pdf import PdfLimits, read_pdf
+from ingest.spacing import respaced
 from ingest.tables import (
     Table,
     closes_page,
@@ -381,6 +382,32 @@ def tracked(page: pymupdf.Page, text: str, y: float, tracking: float, size: floa
     for ch in text:
         page.insert_text((x, y), ch, fontsize=size, fontname="helv")
         x += pymupdf.get_text_length(ch, fontname="helv", fontsize=size) + tracking
+
+
+def glyphs(spec: list[tuple[str, float, float]]) -> list[tuple[str, float, float, float]]:
+    """A line's glyphs as MuPDF's layout gives a letter-spaced line, from (text, advance
+    width, font size): 1.5 pt of tracking apart, a space glyph spanning each gap (a space in
+    ``spec`` adds a normal space, 3 pt, to the tracking)."""
+    out: list[tuple[str, float, float, float]] = []
+    x = 50.0
+    for text, width, size in spec:
+        if out and text != " " and out[-1][0] != " ":
+            out.append((" ", out[-1][2], x, size))
+        out.append((text, x, x + width, size))
+        x += width + 1.5
+    return out
+
+
+def test_a_tracked_line_keeps_its_footnote_mark_apart_and_a_kerned_run_is_left() -> None:
+    line = [(c, 5.0, 11.0) if c != " " else (" ", 3.0, 11.0) for c in "the kettle is on"]
+    assert respaced(glyphs([*line, ("1", 3.0, 7.0)])) == "the kettle is on 1"
+    kerned = glyphs([(c, 5.0, 11.0) if c != " " else (" ", 3.0, 11.0) for c in "you see it"])
+    # "Y" and "o" kerned 1.2 pt closer: every glyph after the first moves left
+    kerned = [
+        (c, x0 - 1.2, x1 - 1.2, s) if i else (c, x0, x1, s)
+        for i, (c, x0, x1, s) in enumerate(kerned)
+    ]
+    assert respaced(kerned) == "".join(g[0] for g in kerned)  # "Y ou" would be worse
 
 
 def test_letter_spaced_lines_are_read_as_words(tmp_path: Path) -> None:

@@ -49,6 +49,10 @@ def test_removed_lines_name_each_running_line_once_with_its_pages() -> None:
         ("Keep[2J hands clear of the blade while it turns", 4),  # printable, on one line
     )
     assert removed_lines(pages, [792.0] * 5, set()) == ()
+    # a margin word of the letters of roman numerals is no page number
+    civil = [[Block(20, 40, "Civil"), Block(100, 400, "Step one.")]]
+    assert body_text(civil[0], 792.0, running_lines(civil, [792.0])) == "Civil\nStep one."
+    assert body_text([Block(770, 785, "xiv")], 792.0, set()) == ""
 
 
 def test_title_paths_follow_the_outline() -> None:

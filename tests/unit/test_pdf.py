@@ -113,6 +113,19 @@ def test_a_truncated_pdf_says_it_is_cut_short(tmp_path: Path) -> None:
     )
     assert pymupdf.open(stream=whole, filetype="pdf").is_repaired
     assert read_pdf(whole, "whole.pdf").flag_reasons() == {2: "no text"}
+    padded = whole + b"\0" * 4096  # written into a fixed-size block: NULs after %%EOF
+    assert read_pdf(padded, "padded.pdf").flag_reasons() == {2: "no text"}
+
+
+def test_a_page_of_one_inline_image_is_a_scanned_page(tmp_path: Path) -> None:
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_text((0, -50), "x")  # a content stream to replace
+    fax = b"q 250 0 0 250 50 400 cm BI /W 40 /H 40 /CS /G /BPC 8 ID " + bytes([90]) * 1600
+    doc.update_stream(page.get_contents()[0], fax + b" EI Q")
+    assert doc[0].get_images() == []  # what the check looked at before
+    with pytest.raises(InvalidArgument, match="scanned or image-only"):
+        read_pdf(doc.tobytes(), "fax.pdf", PdfLimits(ocr=False))
 
 
 def test_limits_are_enforced(make_pdf: Callable[..., Path]) -> None:

@@ -449,6 +449,12 @@ def test_the_cli_prints_control_characters_from_a_server_visibly() -> None:
     assert visible("a\nb\x07") == "a\\x0ab\\x07"
     assert visible("line one\nline two\x1b", keep_lines=True) == "line one\nline two\\x1b"
     assert visible("café › R-intro") == "café › R-intro"
+    assert visible("report\u202efdp.exe") == "report\\u202efdp.exe"  # a right-to-left override
+    # what a server reports of a file's running lines is printed the same way
+    from ingest.batch import FileResult
+
+    sent = FileResult("a.pdf", "a", "ingested", running_lines=(("\x1b]0;x\x07head\u2066", 3),))
+    assert sent.running_lines == (("\\x1b]0;x\\x07head\\u2066", 3),)
 
 
 def test_k_is_given_as_k_or_double_dash_k() -> None:
