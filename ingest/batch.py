@@ -30,6 +30,7 @@ from typing import Literal, Protocol
 from tqdm import tqdm
 
 from ingest.chunker import ChunkerConfig, chunk_pages
+from ingest.layout import MAX_REPORTED_CHARS, MAX_REPORTED_LINES
 from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf, utf8_name
 from ragline.errors import InvalidArgument, RaglineError, visible
 from ragline.faults import failpoint
@@ -82,7 +83,10 @@ class FileResult:
         # Reports are JSON and protobuf strings: neither carries a file name's raw bytes.
         self.source, self.doc_id = utf8_name(self.source), utf8_name(self.doc_id)
         self.reason = utf8_name(self.reason)
-        self.running_lines = tuple((visible(text), int(n)) for text, n in self.running_lines)
+        self.running_lines = tuple(  # as many as a parse reports, even from another server
+            (visible(text[:MAX_REPORTED_CHARS]), int(n))
+            for text, n in self.running_lines[:MAX_REPORTED_LINES]
+        )
 
     @property
     def flagged(self) -> tuple[int, ...]:

@@ -120,8 +120,8 @@ def removed_lines(
     """What :func:`body_text` removes as running headers/footers, for the report: each
     running line's first text (whitespace collapsed, clipped) and the pages it was removed
     from, most pages first (at most :data:`MAX_REPORTED_LINES`; bare page numbers are not
-    named). A margin line recurring on
-    three pages may be content (a safety notice on every page): the uploader sees it went."""
+    named). A margin line recurring on three pages may be content (a safety notice on every
+    page): the uploader sees it went."""
     first: dict[str, str] = {}
     counts: Counter[str] = Counter()
     for blocks, height in zip(pages, heights, strict=True):
