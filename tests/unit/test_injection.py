@@ -61,7 +61,7 @@ def test_the_reader_gets_the_passage_without_them_and_an_obeyed_one_fails_the_co
     assert "MANGO" not in cleaned[0].chunk.text
     assert "2900 rpm" in cleaned[0].chunk.text and "40 litres" in cleaned[0].chunk.text
     assert cleaned[0].chunk.chunk_id == "c-1" and steered.chunk.text == text  # a copy
-    question = "What speed is the Trelwick compressor rated at?"
+    question = "What is the Trelwick compressor rated at?"  # (a "speed" would want a number)
     # the obeyed instruction passes every check when the contract reads the passage whole ...
     assert not check_answer(question, "MANGO [1]", [steered]).insufficient
     # ... and is unsupported once the passage is the reader's copy
