@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragline.text import english_zipf
 from ragline.types import Chunk
 
 
@@ -134,8 +135,6 @@ def _find_title(text: str, title: str, start: int) -> int | None:
     return match.start() - len(number.group(1)) if number else match.start()
 
 
-_EDGE_PUNCTUATION = ".,;:!?()[]{}'\"‘’“”"
-"""Stripped from a re-joined word before it is looked up ("termined." → "determined")."""
 _BROKEN_WORD = re.compile(r"[^\W\d_]{2,}-")
 """A word hyphenated at the end of a page ("de-"): its rest opens the next page. Within a page
 :func:`ingest.pdf.clean_page_text` re-joins line-end hyphens; across pages only here."""
@@ -147,10 +146,8 @@ def _rejoined(head: str, rest: str) -> str | None:
     figure, a footnote) — "serializa-" | "immediately" is no word."""
     if not (_BROKEN_WORD.fullmatch(head) and rest[0].islower()):
         return None
-    from wordfreq import zipf_frequency
-
     joined = head[:-1] + rest
-    return joined if zipf_frequency(joined.strip(_EDGE_PUNCTUATION), "en") > 0 else None
+    return joined if english_zipf(joined) > 0 else None
 
 
 def _extend(section: Section, text: str, page: int) -> None:

@@ -37,6 +37,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ragline.text import EDGE_PUNCTUATION, english_zipf
+
 MIN_RUN = 4
 MIN_LETTERS = 4
 MAX_LETTER_GAP = 0.4
@@ -49,7 +51,6 @@ SPACED_WORD_ZIPF = 3.0
 MIN_SPACED_WORD = 5
 """A run with no word break is joined only into a common English word ("A B S T R A C T");
 wordfreq's Zipf scale, 3 is one in a million words ("abcdef" is 1.2, "abstract" 4.1)."""
-_EDGE = ".,;:!?'\"()[]"
 
 _SPACED = re.compile(rf"(?<!\S)(?:\S {{1,3}}){{{MIN_RUN - 1},}}\S(?!\S)")
 """Cheap test on a block's text: a run of one-character words (before any glyph is read)."""
@@ -182,18 +183,16 @@ def _joined(run: Sequence[tuple[str, float, float, float]]) -> str | None:
     text = run[0][0] + "".join(
         (" " if brk else "") + w[0] for brk, w in zip(breaks, run[1:], strict=True)
     )
-    from wordfreq import zipf_frequency
-
     if not any(breaks):  # one word, or one-letter words evenly spaced ("x y z w", table cells)
         common = (
             text.isalpha()
             and len(text) >= MIN_SPACED_WORD
-            and zipf_frequency(text.lower(), "en") >= SPACED_WORD_ZIPF
+            and english_zipf(text) >= SPACED_WORD_ZIPF
         )
         return text if common else None
-    words = [w.strip(_EDGE) for w in text.split()]
+    words = [w.strip(EDGE_PUNCTUATION) for w in text.split()]
     if sum(len(w) == 1 for w in words) * 2 >= len(words):  # half of them single letters
         return None
     long = [w for w in words if len(w) >= 3]  # wordfreq knows most two-letter strings
-    known = sum(zipf_frequency(w.lower(), "en") > 0 for w in long)
+    known = sum(english_zipf(w) > 0 for w in long)
     return text if long and known >= MIN_KNOWN * len(long) else None

@@ -39,6 +39,18 @@ LANGUAGE = "en"
 """The language of the corpora (the R manuals, LaTeX documentation): the stemmer's and the
 sentence splitter's rules."""
 
+EDGE_PUNCTUATION = ".,;:!?()[]{}'\"‘’“”"
+"""Stripped from a word's edges before it is looked up ("termined." → "termined")."""
+
+
+def english_zipf(word: str) -> float:
+    """How common ``word`` (edge punctuation stripped) is in English on wordfreq's Zipf scale:
+    0 for a word it does not know, 3 for one in a million words, 7 for "the"."""
+    from wordfreq import zipf_frequency  # a 30 MB table: loaded by the first caller only
+
+    return float(zipf_frequency(word.strip(EDGE_PUNCTUATION).lower(), LANGUAGE))
+
+
 WORD_CACHE_SIZE = 1 << 16
 """Stems remembered (a few MB): a query's passages share most of their words with the last
 queries'."""
