@@ -19,6 +19,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import regex
+
 MARGIN = 0.1
 """Top and bottom share of the page height where running headers and footers live."""
 MIN_REPEATS = 3
@@ -118,11 +120,12 @@ def removed_lines(
     pages: Sequence[Sequence[Block]], heights: Sequence[float], running: set[str]
 ) -> tuple[tuple[str, int], ...]:
     """What :func:`body_text` removes as running headers/footers, for the report: each
-    running line's first text (whitespace collapsed, clipped) and the pages it was removed
-    from, most pages first (at most :data:`MAX_REPORTED_LINES`; bare page numbers are not
-    named). A margin line recurring on three pages may be content (a safety notice on every
-    page): the uploader sees it went."""
-    first: dict[str, str] = {}
+    running line's text (whitespace collapsed, clipped at a character boundary) with ``#`` for
+    the numbers that change from page to page (a page number; a chapter's number stays), and
+    the pages it was removed from, most pages first (at most :data:`MAX_REPORTED_LINES`; bare
+    page numbers are not named). A margin line recurring on three pages may be content (a
+    safety notice on every page): the uploader sees it went."""
+    seen: dict[str, list[str]] = {}
     counts: Counter[str] = Counter()
     for blocks, height in zip(pages, heights, strict=True):
         keys = set()
@@ -135,10 +138,39 @@ def removed_lines(
                 and not _PAGE_NUMBER.match(block.text)
             ):
                 keys.add(key)
-                first.setdefault(key, _printable(block.text)[:MAX_REPORTED_CHARS])
+                texts = seen.setdefault(key, [])
+                if len(texts) < 2:
+                    texts.append(_printable(block.text))
         counts.update(keys)
-    ranked = sorted(first, key=lambda key: -counts[key])  # ties: in the order first seen
-    return tuple((first[key], counts[key]) for key in ranked[:MAX_REPORTED_LINES])
+    ranked = sorted(seen, key=lambda key: -counts[key])  # ties: in the order first seen
+    return tuple(
+        (_clipped(_numbers_that_change(seen[key])), counts[key])
+        for key in ranked[:MAX_REPORTED_LINES]
+    )
+
+
+def _numbers_that_change(texts: Sequence[str]) -> str:
+    """The first text with each digit run that differs in the second replaced by ``#`` (the two
+    share a :func:`margin_key`, so their digit runs pair up one to one)."""
+    first = texts[0]
+    if len(texts) < 2:
+        return first
+    others = iter(_DIGITS.findall(texts[1]))
+    return _DIGITS.sub(lambda m: m[0] if next(others, m[0]) == m[0] else "#", first)
+
+
+def _clipped(text: str) -> str:
+    """At most :data:`MAX_REPORTED_CHARS` code points, cut between user-perceived characters
+    (``regex``'s ``\\X``), so an emoji flag or a letter with its accent is never halved."""
+    if len(text) <= MAX_REPORTED_CHARS:
+        return text
+    out, size = [], 0
+    for grapheme in regex.findall(r"\X", text):
+        size += len(grapheme)
+        if size > MAX_REPORTED_CHARS:
+            break
+        out.append(grapheme)
+    return "".join(out)
 
 
 _UNPRINTABLE = re.compile(

@@ -55,6 +55,33 @@ def test_removed_lines_name_each_running_line_once_with_its_pages() -> None:
     assert body_text([Block(770, 785, "xiv")], 792.0, set()) == ""
 
 
+def test_removed_lines_show_a_changing_page_number_as_hash() -> None:
+    pages = [
+        [Block(20, 40, f"Chapter 2: Data import {n + 8}"), Block(100, 400, f"Step {n}.")]
+        for n in range(1, 5)
+    ]
+    running = running_lines(pages, [792.0] * 4)
+    # the chapter's number is the same on every page, the page number is not
+    assert removed_lines(pages, [792.0] * 4, running) == (("Chapter 2: Data import #", 4),)
+    same = [[Block(20, 40, "Form 27 B/6"), Block(100, 400, "x")] for _ in range(3)]
+    assert removed_lines(same, [792.0] * 3, running_lines(same, [792.0] * 3)) == (
+        ("Form 27 B/6", 3),
+    )
+
+
+def test_a_long_running_line_is_clipped_between_characters() -> None:
+    flag = "\U0001f1eb\U0001f1f7"  # one flag, two code points
+    cases = {
+        "x" * 119 + flag: "x" * 119,  # not half a flag
+        "x" * 119 + "e\u0301yz": "x" * 119,  # not an e without its accent
+        "x" * 118 + "e\u0301yz": "x" * 118 + "e\u0301",
+        "x" * 200: "x" * 120,
+    }
+    for head, shown in cases.items():
+        pages = [[Block(20, 40, head), Block(100, 400, f"Step {n}.")] for n in range(3)]
+        assert removed_lines(pages, [792.0] * 3, running_lines(pages, [792.0] * 3)) == ((shown, 3),)
+
+
 def test_title_paths_follow_the_outline() -> None:
     toc = [[1, "1 Intro", 1], [2, "1.1 Scope", 2], [1, "2 Data", 3], [2, "2.1 Fixed width", 3]]
     assert title_paths(toc, 4) == [
