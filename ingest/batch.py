@@ -611,9 +611,14 @@ def _end_pool(executor: ProcessPoolExecutor, now: bool) -> None:
     """Shut a parser pool down without waiting; ``now``: end its workers too, whatever they
     are parsing (a parse holds nothing worth keeping, and may run for the parse timeout)."""
     if now:
-        for process in list((getattr(executor, "_processes", None) or {}).values()):
-            with contextlib.suppress(OSError, ValueError):
-                process.terminate()
+        terminate = getattr(executor, "terminate_workers", None)  # Python 3.14+
+        if terminate is not None:
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                terminate()
+        else:  # before 3.14 the pool names its processes only in a private mapping
+            for process in list((getattr(executor, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError, ValueError):
+                    process.terminate()
     executor.shutdown(wait=False, cancel_futures=True)
 
 

@@ -1144,8 +1144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # a TLS file or token file that cannot be used: the reason
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except RaglineError as exc:
-        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+    except RaglineError as exc:  # raised here, not by a server: no gRPC status to name
+        print(f"error: {exc.message}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file or folder named on the command line, not a bug: no trace
         from ingest.pdf import utf8_name
