@@ -165,7 +165,8 @@ def _clipped(text: str) -> str:
     if len(text) <= MAX_REPORTED_CHARS:
         return text
     out, size = [], 0
-    for grapheme in regex.findall(r"\X", text):
+    for match in regex.finditer(r"\X", text):  # lazily: only as far as the cut
+        grapheme = match[0]
         size += len(grapheme)
         if size > MAX_REPORTED_CHARS:
             break
