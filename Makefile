@@ -24,7 +24,7 @@ setup:
 	@scripts/setup.sh
 
 ## lock: write constraints.txt from .venv (every package's exact version, which `make setup`
-##      installs under); run after changing a dependency and a green `make test`
+##      installs under); after changing a dependency: RAGLINE_CONSTRAINTS= make test lock
 lock:
 	@scripts/lock.sh
 

@@ -120,14 +120,14 @@ def removed_lines(
     pages: Sequence[Sequence[Block]], heights: Sequence[float], running: set[str]
 ) -> tuple[tuple[str, int], ...]:
     """What :func:`body_text` removes as running headers/footers, for the report: each
-    running line's text (whitespace collapsed, clipped at a character boundary) with ``#`` for
-    the numbers that change from page to page (a page number; a chapter's number stays), and
-    the pages it was removed from, most pages first (at most :data:`MAX_REPORTED_LINES`; bare
-    page numbers are not named). A margin line recurring on three pages may be content (a
-    safety notice on every page): the uploader sees it went."""
-    seen: dict[str, list[str]] = {}
+    running line's first text (whitespace collapsed, control characters dropped, clipped at a
+    character boundary) with ``#`` for each number that differs on another page (a page
+    number; a chapter's number stays), and the pages it was removed from, most pages first (at
+    most :data:`MAX_REPORTED_LINES`; bare page numbers are not named). A margin line recurring
+    on three pages may be content (a safety notice on every page): the uploader sees it went."""
+    first: dict[str, _FirstSeen] = {}
     counts: Counter[str] = Counter()
-    for blocks, height in zip(pages, heights, strict=True):
+    for page, (blocks, height) in enumerate(zip(pages, heights, strict=True)):
         keys = set()
         for block in blocks:
             key = margin_key(block.text)
@@ -138,30 +138,49 @@ def removed_lines(
                 and not _PAGE_NUMBER.match(block.text)
             ):
                 keys.add(key)
-                texts = seen.setdefault(key, [])
-                if len(texts) < 2:
-                    texts.append(_printable(block.text))
+                if key not in first:
+                    first[key] = _FirstSeen(page, block.text)
+                else:
+                    first[key].compare(page, block.text)
         counts.update(keys)
-    ranked = sorted(seen, key=lambda key: -counts[key])  # ties: in the order first seen
-    return tuple(
-        (_clipped(_numbers_that_change(seen[key])), counts[key])
-        for key in ranked[:MAX_REPORTED_LINES]
-    )
+    ranked = sorted(first, key=lambda key: -counts[key])  # ties: in the order first seen
+    return tuple((first[key].shown(), counts[key]) for key in ranked[:MAX_REPORTED_LINES])
 
 
-def _numbers_that_change(texts: Sequence[str]) -> str:
-    """The first text with each digit run that differs in the second replaced by ``#`` (the two
-    share a :func:`margin_key`, so their digit runs pair up one to one)."""
-    first = texts[0]
-    if len(texts) < 2:
-        return first
-    others = iter(_DIGITS.findall(texts[1]))
-    return _DIGITS.sub(lambda m: m[0] if next(others, m[0]) == m[0] else "#", first)
+class _FirstSeen:
+    """A running line's first text and which of its numbers differ on other pages."""
+
+    def __init__(self, page: int, text: str) -> None:
+        self.page = page
+        self.text = text
+        self.numbers = [_decimal(run) for run in _DIGITS.findall(text)]
+        self.changed: set[int] = set()
+
+    def compare(self, page: int, text: str) -> None:
+        """Marks the numbers that differ in ``text``, when it is on another page and its
+        numbers pair up with the first text's (a literal ``#`` can give the same key)."""
+        if page == self.page or len(self.changed) == len(self.numbers):
+            return
+        numbers = [_decimal(run) for run in _DIGITS.findall(text)]
+        if len(numbers) == len(self.numbers):
+            pairs = enumerate(zip(self.numbers, numbers, strict=True))
+            self.changed.update(i for i, (a, b) in pairs if a != b)
+
+    def shown(self) -> str:
+        position = iter(range(len(self.numbers)))
+        text = _DIGITS.sub(lambda m: "#" if next(position) in self.changed else m[0], self.text)
+        return _clipped(_printable(text)) or "(no printable text)"
+
+
+def _decimal(run: str) -> tuple[int, ...]:
+    """A digit run by value, whatever the script ("٢" is "2")."""
+    return tuple(unicodedata.decimal(c, -1) for c in run)
 
 
 def _clipped(text: str) -> str:
     """At most :data:`MAX_REPORTED_CHARS` code points, cut between user-perceived characters
-    (``regex``'s ``\\X``), so an emoji flag or a letter with its accent is never halved."""
+    (``regex``'s ``\\X``), so an emoji flag or a letter with its accent is never halved; a
+    first character longer than that (hundreds of combining marks) is cut where it must be."""
     if len(text) <= MAX_REPORTED_CHARS:
         return text
     out, size = [], 0
@@ -171,7 +190,7 @@ def _clipped(text: str) -> str:
         if size > MAX_REPORTED_CHARS:
             break
         out.append(grapheme)
-    return "".join(out)
+    return "".join(out) or text[:MAX_REPORTED_CHARS]
 
 
 _UNPRINTABLE = re.compile(

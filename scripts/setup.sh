@@ -5,14 +5,18 @@
 # falls back to transformers. RAGLINE_NO_QWEN=1 skips the 1.1 GB Qwen2.5-Coder-1.5B GGUF;
 # RAGLINE_QWEN_0_5B=1 also fetches the 491 MB Qwen2.5-Coder-0.5B one (off by default).
 set -euo pipefail
+# Every package at the version `make test` last passed with (scripts/lock.sh writes the file);
+# RAGLINE_CONSTRAINTS= (empty) resolves pyproject.toml's ranges afresh, e.g. on another platform
+# or after changing a dependency. A relative path is the caller's, read before the cd below.
+CONSTRAINTS=${RAGLINE_CONSTRAINTS-constraints.txt}
+if [ -n "${RAGLINE_CONSTRAINTS:-}" ] && [ "${CONSTRAINTS#/}" = "$CONSTRAINTS" ]; then
+  CONSTRAINTS="$PWD/$CONSTRAINTS"
+fi
 cd "$(dirname "$0")/.."
 VENV=${RAGLINE_VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 VLLM_MODEL_DIR=var/models/smollm2-135m-instruct-hf
 want_vllm=1
-# Every package at the version `make test` last passed with (scripts/lock.sh writes the file);
-# RAGLINE_CONSTRAINTS= (empty) resolves pyproject.toml's ranges afresh, e.g. on another platform.
-CONSTRAINTS=${RAGLINE_CONSTRAINTS-constraints.txt}
 locked=()
 if [ -n "$CONSTRAINTS" ]; then
   [ -f "$CONSTRAINTS" ] || { echo "error: no constraints file $CONSTRAINTS" >&2; exit 1; }

@@ -1145,7 +1145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RaglineError as exc:  # raised here, not by a server: no gRPC status to name
-        print(f"error: {exc.message}", file=sys.stderr)
+        from ragline.errors import visible
+
+        # messages quote paths and library errors: escaped, as a server's details are
+        print(f"error: {visible(exc.message) or exc.code}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file or folder named on the command line, not a bug: no trace
         from ingest.pdf import utf8_name

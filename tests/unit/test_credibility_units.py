@@ -381,6 +381,10 @@ def test_both_packaged_bases_resolve_and_a_bad_base_fails_before_generation(
     assert main([*argv, "--base", str(missing)]) == 2
     # said as a command-line error, without the gRPC status a server would send
     assert capsys.readouterr().err.startswith("error: base: cannot load")
+    odd = tmp_path / "no\x1b[31mmodel\u202e"  # the path is quoted: escaped, not sent raw
+    assert main([*argv, "--base", str(odd)]) == 2
+    said = capsys.readouterr().err
+    assert "no\\x1b[31mmodel\\u202e" in said and "\x1b" not in said
     with pytest.raises(SystemExit) as exited:  # a usage error, before anything loads
         main([*argv, "--epochs", "0"])
     assert exited.value.code == 2

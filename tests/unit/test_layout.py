@@ -63,6 +63,21 @@ def test_removed_lines_show_a_changing_page_number_as_hash() -> None:
     running = running_lines(pages, [792.0] * 4)
     # the chapter's number is the same on every page, the page number is not
     assert removed_lines(pages, [792.0] * 4, running) == (("Chapter 2: Data import #", 4),)
+    # a number that changes only later, in another script, or after a removed control
+    # character; the same line as header and footer of one page is not a change
+    lectures = [[Block(20, 40, f"Lecture {1 + n // 3} notes")] for n in range(6)]
+    scripts = [[Block(20, 40, f"Part {d} p. {n}")] for n, d in enumerate("2\u0662\u0968")]
+    glued = [[Block(20, 40, f"Vol 1\x00{n}")] for n in range(3)]
+    both = [[Block(20, 40, f"Acme {n}"), Block(770, 785, f"Acme {n}")] for n in range(3)]
+    for lines, shown in (
+        (lectures, "Lecture # notes"),
+        (scripts, "Part 2 p. #"),
+        (glued, "Vol 1#"),
+        (both[:1] + [[Block(20, 40, "Acme 0")]] * 2, "Acme 0"),
+        (both, "Acme #"),
+    ):
+        got = removed_lines(lines, [792.0] * len(lines), running_lines(lines, [792.0] * len(lines)))
+        assert got[0][0] == shown
     same = [[Block(20, 40, "Form 27 B/6"), Block(100, 400, "x")] for _ in range(3)]
     assert removed_lines(same, [792.0] * 3, running_lines(same, [792.0] * 3)) == (
         ("Form 27 B/6", 3),
@@ -76,6 +91,8 @@ def test_a_long_running_line_is_clipped_between_characters() -> None:
         "x" * 119 + "e\u0301yz": "x" * 119,  # not an e without its accent
         "x" * 118 + "e\u0301yz": "x" * 118 + "e\u0301",
         "x" * 200: "x" * 120,
+        "a" + "\u0301" * 200: ("a" + "\u0301" * 200)[:120],  # one character of 201 code points
+        "\ue000\x01": "(no printable text)",
     }
     for head, shown in cases.items():
         pages = [[Block(20, 40, head), Block(100, 400, f"Step {n}.")] for n in range(3)]
