@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import statistics
-import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +36,12 @@ from ingest.tables import (
     opens_page,
 )
 from ragline.errors import InvalidArgument, visible
+from ragline.text import seen_text
 
 _log = logging.getLogger(__name__)
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-9"
+PARSER_VERSION = b"ragline-parser-10"
 """Part of a document's identity: a parser change re-ingests unchanged files once."""
 
 
@@ -142,17 +142,22 @@ class ParsedDocument:
         return reasons
 
 
-_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
+_HYPHEN_BREAK = re.compile(r"(\w)[-\u00ad]\n(\w)")
+"""A word broken at a line's end: by a hyphen, or by a soft hyphen (what a word processor's
+discretionary break is mapped to when it is taken)."""
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # all but the newline
+_SOFT_HYPHEN = re.compile("\u00ad(?!\n)")
+"""A soft hyphen not at a line's end: a break point not taken, which no reader sees."""
 _BLANK_LINES = re.compile(r"\n{3,}")
 
 
 def clean_page_text(text: str) -> str:
     """Normalise ligatures and odd unicode (NFKC), drop control characters (a PDF's text can
-    map to any code point: an ESC would drive the terminal a passage is printed on), re-join
-    line-end hyphenation, tidy spaces."""
-    text = _CONTROL.sub("", unicodedata.normalize("NFKC", text).replace("\t", " "))
+    map to any code point: an ESC would drive the terminal a passage is printed on) and
+    characters no reader sees (:func:`ragline.text.seen_text`, a soft hyphen not at a line's
+    end), re-join line-end hyphenation, tidy spaces."""
+    text = _SOFT_HYPHEN.sub("", seen_text(text.replace("\t", " ")))
     text = _HYPHEN_BREAK.sub(r"\1\2", text)
     text = _SPACES.sub(" ", text)
     return _BLANK_LINES.sub("\n\n", text).strip()
@@ -231,12 +236,12 @@ def read_pdf(
         refused = refusal(doc, limits)
         if refused:
             raise bad(refused)
-        metadata_title = _CONTROL.sub(" ", str((doc.metadata or {}).get("title") or ""))
+        metadata_title = seen_text(_CONTROL.sub(" ", str((doc.metadata or {}).get("title") or "")))
         truncated = bool(doc.is_repaired) and _cut_short(data)
         try:
             extracted = _extract(doc, limits)
             outline = tuple(
-                (int(level), _CONTROL.sub(" ", str(title)), int(page))
+                (int(level), seen_text(_CONTROL.sub(" ", str(title))), int(page))
                 for level, title, page, *_ in doc.get_toc(simple=True)
             )
         except Exception as exc:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import logging
 import re
 import statistics
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ingest.layout import MARGIN
 from ragline.markdown import to_markdown
+from ragline.text import seen_text
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ _PLACEHOLDER = re.compile(r"^Col\d+$")
 def _cell(value: object) -> str:
     """A cell's text on one line, pipes escaped; PyMuPDF's "ColN" stand-ins for empty
     header cells become empty."""
-    text = " ".join(unicodedata.normalize("NFKC", str(value or "")).split()).replace("|", "\\|")
+    text = " ".join(seen_text(str(value or "")).split()).replace("|", "\\|")
     return "" if _PLACEHOLDER.match(text) else text
 
 
@@ -313,7 +313,7 @@ def _lead_for(
     ]
     if not above:
         return ""
-    text = " ".join(unicodedata.normalize("NFKC", max(above, key=lambda b: b[3])[4]).split())
+    text = " ".join(seen_text(max(above, key=lambda b: b[3])[4]).split())
     sentence = _SENTENCE_END.split(text)[-1]
     words = sentence.split()
     return " ".join(words[-40:]) if len(words) >= 3 else ""
@@ -330,7 +330,7 @@ def _caption_for(
             continue
         distance = bbox[1] - y1 if y1 <= bbox[1] + 2 else y0 - bbox[3]
         if -2 <= distance <= 60 and (best is None or distance < best[0]):
-            best = (distance, " ".join(unicodedata.normalize("NFKC", text).split()))
+            best = (distance, " ".join(seen_text(text).split()))
     return best[1] if best else ""
 
 

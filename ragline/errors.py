@@ -89,16 +89,28 @@ def named(items: Sequence[str], limit: int = 10) -> str:
     return f"{shown}{more}"
 
 
-_UNPRINTABLE = re.compile("[\ud800-\udfff\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-"""Lone surrogates, control characters, and the bidirectional overrides and isolates (an RLO
-in a name prints the rest of the line reversed: "report\u202efdp.exe")."""
+INVISIBLE_FORMAT = (
+    "\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
+    "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
+)
+"""Format characters that show nothing and mean nothing in extracted or typed text (a regex
+character class, no brackets): the bidirectional marks, embeddings, overrides and isolates
+(an RLO prints the rest of the line reversed: "report\u202efdp.exe"), the zero-width space,
+word joiner and invisible operators, a byte-order mark, the Mongolian vowel separator,
+interlinear annotation marks and the tag characters (which spell ASCII no one sees: text
+smuggled past a reader). The zero-width joiner and non-joiner (U+200C, U+200D) are not among
+them: they shape Persian, Indic scripts and emoji sequences; neither is the soft hyphen."""
+
+_UNPRINTABLE = re.compile(f"[\ud800-\udfff\x00-\x1f\x7f-\x9f{INVISIBLE_FORMAT}]")
+"""Lone surrogates, control characters and :data:`INVISIBLE_FORMAT`."""
 
 
 def visible(text: str, keep_lines: bool = False) -> str:
     """``text`` safe to store, send and print: each lone surrogate (an undecodable byte of a
     file name, PEP 383), each control character (an ESC would drive the terminal, a newline
-    forge a line) and each bidirectional override or isolate as a visible ``\\xNN``
-    (``\\uNNNN`` for the others); with ``keep_lines``, newlines stay."""
+    forge a line) and each invisible format character (:data:`INVISIBLE_FORMAT`: a bidi
+    override, a zero-width space making two names that print alike) as a visible ``\\xNN``
+    (``\\uNNNN``, ``\\UNNNNNNNN`` above U+FFFF); with ``keep_lines``, newlines stay."""
 
     def escape(match: re.Match[str]) -> str:
         char = match.group()
@@ -107,6 +119,8 @@ def visible(text: str, keep_lines: bool = False) -> str:
             return char
         if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte, as os.fsdecode carries it
             return f"\\x{code - 0xDC00:02x}"
-        return f"\\x{code:02x}" if code <= 0x9F else f"\\u{code:04x}"
+        if code <= 0x9F:
+            return f"\\x{code:02x}"
+        return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
     return _UNPRINTABLE.sub(escape, text)

@@ -21,6 +21,8 @@ from functools import lru_cache
 import Stemmer
 from sentencex import segment
 
+from ragline.errors import INVISIBLE_FORMAT
+
 TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$:\-]*[A-Za-z0-9_]|[A-Za-z0-9]")
 """A word, number or code identifier: inner ``.``, ``$``, ``:`` and ``-`` keep ``read.csv``,
 ``df$x``, ``4.3.1`` and ``fixed-width`` whole."""
@@ -164,13 +166,23 @@ def asking(query: str) -> str:
 
 
 _SPACES = re.compile(r"\s+")
+_UNSEEN = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{INVISIBLE_FORMAT}]")
+
+
+def seen_text(text: str) -> str:
+    """``text`` as a reader sees it: NFKC (full-width letters, ligatures), without control
+    characters (newlines kept) and invisible format characters
+    (:data:`ragline.errors.INVISIBLE_FORMAT`: a zero-width space splitting a word for the
+    tokenizers, tag characters spelling text no one reads). Ingest reads page and table text
+    through it, the gateway every question, so both sides hold the same characters."""
+    return _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
 
 
 def query_text(query: str) -> str:
-    """A question as every stage reads it: NFKC (as ingest normalises page text: full-width
-    letters, ligatures), whitespace collapsed, stripped. The gateway applies it once, so the
-    retriever, its cache key, the graph path, the filter and the reader read the same text."""
-    return _SPACES.sub(" ", unicodedata.normalize("NFKC", query)).strip()
+    """A question as every stage reads it: :func:`seen_text` (as ingest reads page text),
+    whitespace collapsed, stripped. The gateway applies it once, so the retriever, its cache
+    key, the graph path, the filter and the reader read the same text."""
+    return _SPACES.sub(" ", seen_text(query)).strip()
 
 
 def lower_chars(text: str) -> str:

@@ -33,6 +33,32 @@ def test_clean_text_drops_control_characters_but_keeps_lines() -> None:
     assert clean_page_text(text) == "red[31m alert now\nnext line"
 
 
+def test_clean_text_drops_what_no_reader_sees() -> None:
+    """A zero-width space splits a word for the tokenizers; tag characters spell text no one
+    reads; a soft hyphen is a break point, joined where it was taken at a line's end."""
+    text = (
+        "pass\u200bword\ufeff rule\u00adbook data\u00ad\nbase"
+        " hidden\U000e0049\U000e0047\U000e004e \u202eabc\u202c"
+    )
+    assert clean_page_text(text) == "password rulebook database hidden abc"
+    # the joiners shape Persian and emoji; they stay
+    assert clean_page_text("mi\u200cravam \U0001f469\u200d\U0001f52c") == (
+        "mi\u200cravam \U0001f469\u200d\U0001f52c"
+    )
+
+
+def test_a_pdf_with_invisible_characters_is_indexed_as_it_reads(tmp_path: Path) -> None:
+    """Through MuPDF as it extracts them (a font with glyphs for them: MuPDF's own)."""
+    pdf = pymupdf.open()
+    page = pdf.new_page()
+    writer = pymupdf.TextWriter(page.rect)
+    line = "The pass\u200bword of the \ufefflathe is kept in a draw\u00ader."
+    writer.append((50, 100), line, font=pymupdf.Font("cjk"))
+    writer.write_text(page)
+    doc = read_pdf(pdf.tobytes(), "lathe.pdf")
+    assert "The password of the lathe is kept in a drawer." in doc.pages[0]
+
+
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
@@ -266,3 +292,11 @@ def test_contents_and_index_pages_are_left_out_and_a_title_above_them_kept(
     assert kept.navigation == () and "Glaze recipes" in kept.pages[1]
     # a changed setting re-ingests unchanged files
     assert settings_key(None, PdfLimits(navigation_pages=True)) != settings_key(None, None)
+
+
+def test_a_name_with_an_invisible_character_has_an_id_that_shows_it() -> None:
+    """A file "man<ZWSP>ual.pdf" would otherwise list exactly as another document "manual"."""
+    from ingest.pdf import doc_id_for
+
+    assert doc_id_for("man\u200bual.pdf") == "man\\u200bual"
+    assert doc_id_for("manual.pdf") == "manual"

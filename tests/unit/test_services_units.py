@@ -450,6 +450,13 @@ def test_the_cli_prints_control_characters_from_a_server_visibly() -> None:
     assert visible("line one\nline two\x1b", keep_lines=True) == "line one\nline two\\x1b"
     assert visible("café › R-intro") == "café › R-intro"
     assert visible("report\u202efdp.exe") == "report\\u202efdp.exe"  # a right-to-left override
+    # names that print alike, and text no one sees, are told apart
+    assert visible("man\u200bual.pdf") == "man\\u200bual.pdf"
+    assert visible("a\ufeffb\u2060c\u200ed") == "a\\ufeffb\\u2060c\\u200ed"
+    assert visible("x\U000e0041") == "x\\U000e0041"  # a tag character spelling "A"
+    assert visible("mi\u200cravam \U0001f469\u200d\U0001f52c") == (
+        "mi\u200cravam \U0001f469\u200d\U0001f52c"  # joiners shape scripts and emoji
+    )
     # what a server reports of a file's running lines is printed the same way
     from ingest.batch import FileResult
 
