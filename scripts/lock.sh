@@ -7,8 +7,11 @@
 # CPU build by its own line), and the packaged model parts setup.sh installs and removes again.
 # setuptools is kept (`--all`): without vLLM nothing else bounds it from above.
 set -euo pipefail
+VENV=${RAGLINE_VENV:-.venv}  # a relative RAGLINE_VENV is the caller's, as in scripts/setup.sh
+if [ -n "${RAGLINE_VENV:-}" ] && [ "${VENV#/}" = "$VENV" ]; then
+  VENV="$PWD/$VENV"
+fi
 cd "$(dirname "$0")/.."
-VENV=${RAGLINE_VENV:-.venv}
 out=constraints.txt
 tmp=$(mktemp "$out.XXXXXX")
 trap 'rm -f "$tmp"' EXIT

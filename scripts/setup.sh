@@ -7,13 +7,17 @@
 set -euo pipefail
 # Every package at the version `make test` last passed with (scripts/lock.sh writes the file);
 # RAGLINE_CONSTRAINTS= (empty) resolves pyproject.toml's ranges afresh, e.g. on another platform
-# or after changing a dependency. A relative path is the caller's, read before the cd below.
+# or after changing a dependency. RAGLINE_VENV (default .venv) is where it installs. A relative
+# path given in either is the caller's, read before the cd below.
 CONSTRAINTS=${RAGLINE_CONSTRAINTS-constraints.txt}
 if [ -n "${RAGLINE_CONSTRAINTS:-}" ] && [ "${CONSTRAINTS#/}" = "$CONSTRAINTS" ]; then
   CONSTRAINTS="$PWD/$CONSTRAINTS"
 fi
-cd "$(dirname "$0")/.."
 VENV=${RAGLINE_VENV:-.venv}
+if [ -n "${RAGLINE_VENV:-}" ] && [ "${VENV#/}" = "$VENV" ]; then
+  VENV="$PWD/$VENV"
+fi
+cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VLLM_MODEL_DIR=var/models/smollm2-135m-instruct-hf
 want_vllm=1
