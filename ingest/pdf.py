@@ -147,18 +147,18 @@ _HYPHEN_BREAK = re.compile(r"(\w)[-\u00ad]\n(\w)")
 discretionary break is mapped to when it is taken)."""
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # all but the newline
-_SOFT_HYPHEN = re.compile("\u00ad(?!\n)")
-"""A soft hyphen not at a line's end: a break point not taken, which no reader sees."""
 _BLANK_LINES = re.compile(r"\n{3,}")
 
 
 def clean_page_text(text: str) -> str:
     """Normalise ligatures and odd unicode (NFKC), drop control characters (a PDF's text can
     map to any code point: an ESC would drive the terminal a passage is printed on) and
-    characters no reader sees (:func:`ragline.text.seen_text`, a soft hyphen not at a line's
-    end), re-join line-end hyphenation, tidy spaces."""
-    text = _SOFT_HYPHEN.sub("", seen_text(text.replace("\t", " ")))
-    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    characters no reader sees (:func:`ragline.text.seen_text`), re-join line-end hyphenation
+    (after a hyphen or a soft hyphen), tidy spaces."""
+    text = seen_text(text.replace("\t", " "))
+    # A soft hyphen taken at a line's end printed as a hyphen: where no word follows on the
+    # page (its last line), the chunker re-joins it with the next page's first word.
+    text = _HYPHEN_BREAK.sub(r"\1\2", text).replace("\u00ad\n", "-\n")
     text = _SPACES.sub(" ", text)
     return _BLANK_LINES.sub("\n\n", text).strip()
 

@@ -166,15 +166,17 @@ def asking(query: str) -> str:
 
 
 _SPACES = re.compile(r"\s+")
-_UNSEEN = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{INVISIBLE_FORMAT}]")
+_UNSEEN = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{INVISIBLE_FORMAT}]|\u00ad(?!\n)")
 
 
 def seen_text(text: str) -> str:
     """``text`` as a reader sees it: NFKC (full-width letters, ligatures), without control
-    characters (newlines kept) and invisible format characters
+    characters (newlines kept), invisible format characters
     (:data:`ragline.errors.INVISIBLE_FORMAT`: a zero-width space splitting a word for the
-    tokenizers, tag characters spelling text no one reads). Ingest reads page and table text
-    through it, the gateway every question, so both sides hold the same characters."""
+    tokenizers, tag characters spelling text no one reads) and soft hyphens (a break point
+    not taken; one before a newline stays, for ingest to re-join the word). Ingest reads page
+    and table text through it, the gateway every question, so both sides hold the same
+    characters."""
     return _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
 
 

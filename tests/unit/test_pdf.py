@@ -41,6 +41,8 @@ def test_clean_text_drops_what_no_reader_sees() -> None:
         " hidden\U000e0049\U000e0047\U000e004e \u202eabc\u202c"
     )
     assert clean_page_text(text) == "password rulebook database hidden abc"
+    # a page's last line ends in one: printed as the hyphen it was, for the chunker to re-join
+    assert clean_page_text("the lathe is deter\u00ad\n") == "the lathe is deter-"
     # the joiners shape Persian and emoji; they stay
     assert clean_page_text("mi\u200cravam \U0001f469\u200d\U0001f52c") == (
         "mi\u200cravam \U0001f469\u200d\U0001f52c"

@@ -113,7 +113,7 @@ def test_a_question_is_read_without_what_no_one_sees() -> None:
     """As ingest reads page text: "pass<ZWSP>word" pasted from a web page asks for "password"."""
     from ragline.text import query_text
 
-    assert query_text("\ufeffWhat  is the pass\u200bword\U000e0041 of the lathe?\x1b") == (
+    assert query_text("\ufeffWhat  is the pass\u200bword\U000e0041 of the lath\u00ade?\x1b") == (
         "What is the password of the lathe?"
     )
     assert query_text("mi\u200cravam ＫＥＴＴＬＥ") == "mi\u200cravam KETTLE"
