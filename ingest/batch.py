@@ -259,7 +259,9 @@ def parse_document(
         doc_title=doc.title,
     )
     if not chunks:
-        raise InvalidArgument.for_field("document", f"{name}: no text to index")
+        reasons = set(doc.flag_reasons().values())
+        why = f" (every page: {reasons.pop()})" if len(reasons) == 1 else ""
+        raise InvalidArgument.for_field("document", f"{name}: no text to index{why}")
     return Parsed(
         doc.doc_id,
         doc.content_hash,

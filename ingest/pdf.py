@@ -9,6 +9,7 @@ import re
 import shutil
 import statistics
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,9 @@ class ParsedDocument:
     """1-based pages whose text came from OCR."""
     unreadable: tuple[int, ...] = ()
     """1-based pages with no text layer that could not be OCR'd (Tesseract not installed)."""
+    unmapped: tuple[int, ...] = ()
+    """1-based pages whose text layer is glyphs without a Unicode mapping (:data:`
+    UNMAPPED_SHARE`) that could not be OCR'd."""
     title: str = ""
     """The document's title (see :func:`document_title`); "" when none reads like one."""
     navigation: tuple[int, ...] = ()
@@ -129,10 +133,9 @@ class ParsedDocument:
         reasons = {}
         for n in self.flagged:
             if n in self.unreadable:
-                reasons[n] = (
-                    "no text layer, not OCR'd (OCR off, tesseract-ocr not installed, or past "
-                    "RAGLINE_INGEST_MAX_OCR_PAGES)"
-                )
+                reasons[n] = f"no text layer, {NOT_OCRD}"
+            elif n in self.unmapped:
+                reasons[n] = f"garbled text (its fonts map the glyphs to no characters), {NOT_OCRD}"
             elif n in self.navigation:
                 reasons[n] = "table of contents or index (page references, no content)"
             elif not self.pages[n - 1] and self.quality[n - 1] == 0:
@@ -141,6 +144,8 @@ class ParsedDocument:
                 reasons[n] = f"garbled text (quality {self.quality[n - 1]:.2f})"
         return reasons
 
+
+NOT_OCRD = "not OCR'd (OCR off, tesseract-ocr not installed, or past RAGLINE_INGEST_MAX_OCR_PAGES)"
 
 _HYPHEN_BREAK = re.compile(r"(\w)[-\u00ad]\n(\w)")
 """A word broken at a line's end: by a hyphen, or by a soft hyphen (what a word processor's
@@ -276,6 +281,7 @@ def read_pdf(
         tables=extracted.tables,
         ocr_pages=extracted.ocr_pages,
         unreadable=tuple(n for n in extracted.unreadable if n in flagged),
+        unmapped=tuple(n for n in extracted.unmapped if n in flagged),
         title=title,
         navigation=navigation,
         running=extracted.running,
@@ -420,6 +426,7 @@ class _Extracted:
     unreadable: tuple[int, ...]
     ocr_available: bool
     running: tuple[tuple[str, int], ...] = ()
+    unmapped: tuple[int, ...] = ()
 
 
 def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
@@ -433,6 +440,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
     table_text: dict[str, str] = {}
     ocr_pages: list[int] = []
     unreadable: list[int] = []
+    unmapped: list[int] = []
     last: _Page | None = None
 
     def place(table: Table) -> Block:
@@ -473,13 +481,14 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
         every = [b for b in page.get_text("blocks", flags=flags, textpage=text_layer) if b[6] == 0]
         raw = [b for b in every if b[4].strip()]
         code: set[int] = set()
+        garbled = _unmapped(raw)
         # the page's size counts its blank blocks too: the glyph layout holds their glyphs
-        if worth_reading([b[4] for b in raw], sum(len(b[4]) for b in every)):
+        if not garbled and worth_reading([b[4] for b in raw], sum(len(b[4]) for b in every)):
             spaced = respaced_blocks(page.get_text("rawdict", flags=flags, textpage=text_layer))
             raw = [
                 (*b[:4], apply(b[4], spaced[b[5]]), *b[5:]) if b[5] in spaced else b for b in raw
             ]
-        if raw:
+        if raw and not garbled:
             layout = page.get_text("dict", flags=flags, textpage=text_layer)
             code = _code_blocks(layout)
             marks = footnote_marks(layout)
@@ -488,9 +497,9 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
                     (*b[:4], drop_marks(b[4], marks[b[5]]), *b[5:]) if b[5] in marks else b
                     for b in raw
                 ]
-        if not raw and _has_image(page):
+        if garbled or (not raw and _has_image(page)):
             if tessdata is None or len(ocr_pages) >= limits.max_ocr_pages:
-                unreadable.append(number)
+                (unmapped if garbled else unreadable).append(number)
             else:
                 textpage = page.get_textpage_ocr(
                     flags=flags,
@@ -548,7 +557,20 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
         unreadable=tuple(unreadable),
         ocr_available=tessdata is not None,
         running=removed_lines(pages, heights, running),
+        unmapped=tuple(unmapped),
     )
+
+
+UNMAPPED_SHARE = 0.5
+"""A page whose text layer is more than this share U+FFFD (glyphs its fonts map to no
+character: a font without a ToUnicode map, bitmap fonts of old TeX output) is read by OCR, as
+a page without a text layer is."""
+
+
+def _unmapped(raw: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether most characters of a page's text blocks are glyphs with no Unicode mapping."""
+    chars = sum(len(b[4]) - b[4].count(" ") - b[4].count("\n") for b in raw)
+    return chars > 0 and sum(b[4].count("\ufffd") for b in raw) > UNMAPPED_SHARE * chars
 
 
 def _code_blocks(layout: dict[str, Any]) -> set[int]:

@@ -302,6 +302,54 @@ def test_a_huge_image_only_page_is_still_read(tmp_path: Path) -> None:
     assert doc.ocr_pages == (1,) and "frobnicator" in doc.pages[0].lower()
 
 
+def unmapped_pdf(pages: int = 2, plain: str = "") -> bytes:
+    """A PDF whose text is set in a font without a ToUnicode map (as old TeX bitmap fonts and
+    some PDF printers write it): MuPDF reads its glyphs as U+FFFD. ``plain``: a line in a
+    normal font above it on each page."""
+    pdf = pymupdf.open()
+    for n in range(pages):
+        page = pdf.new_page()
+        if plain:
+            page.insert_text((50, 80), plain)
+        writer = pymupdf.TextWriter(page.rect)
+        line = f"The lathe spindle turns at ninety revolutions a minute on pulley {n + 1}."
+        writer.append((50, 400), line if not plain else "x2", font=pymupdf.Font("cjk"), fontsize=14)
+        writer.write_text(page)
+    doc = pymupdf.open(stream=pdf.tobytes())
+    for xref in range(1, doc.xref_length()):
+        if "/ToUnicode" in doc.xref_object(xref):
+            doc.xref_set_key(xref, "ToUnicode", "null")
+    return doc.tobytes(garbage=3)
+
+
+def test_a_font_without_a_unicode_map_is_named_as_the_reason() -> None:
+    """Its pages have a text layer: "no text" was the wrong reason. Without OCR each page says
+    what it is, and so does the document when no page is left."""
+    data = unmapped_pdf()
+    doc = read_pdf(data, "lathe.pdf", PdfLimits(ocr=False))
+    assert doc.flagged == doc.unmapped == (1, 2) and doc.unreadable == ()
+    assert all(r.startswith("garbled text (its fonts map") for r in doc.flag_reasons().values())
+    with pytest.raises(InvalidArgument, match=r"no text to index \(every page: garbled text"):
+        parse_document(data, "lathe.pdf", limits=PdfLimits(ocr=False))
+    # a few unmapped glyphs on a page of text are no reason to OCR it
+    mixed = read_pdf(
+        unmapped_pdf(1, plain="Belts and pulleys of the old lathe, and how to tension them."),
+        "belts.pdf",
+        PdfLimits(ocr=False),
+    )
+    assert mixed.flagged == mixed.unmapped == () and "pulleys" in mixed.pages[0]
+
+
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs tesseract-ocr (make setup)")
+def test_a_font_without_a_unicode_map_is_read_by_ocr() -> None:
+    doc = read_pdf(unmapped_pdf(), "lathe.pdf")
+    assert doc.ocr_pages == (1, 2) and not doc.flagged
+    assert "lathe spindle turns at ninety revolutions" in " ".join(doc.pages[1].split())
+    budget = read_pdf(unmapped_pdf(), "lathe.pdf", PdfLimits(max_ocr_pages=1))
+    assert budget.ocr_pages == (1,) and budget.unmapped == budget.flagged == (2,)
+    assert "MAX_OCR_PAGES" in budget.flag_reasons()[2]
+
+
 def scanned_pdf(path: Path, text_page: str = "", size: tuple[int, int] = (612, 792)) -> Path:
     """A PDF whose last page is only a picture of text (as a scanner makes it)."""
     source = pymupdf.open()
