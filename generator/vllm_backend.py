@@ -111,6 +111,9 @@ class VllmBackend:
             sweep_process_folders(tmp, RPC_PREFIX, 600.0)
             self._rpc_dir = Path(tempfile.mkdtemp(prefix=f"{RPC_PREFIX}{os.getpid()}-", dir=tmp))
             os.environ["VLLM_RPC_BASE_PATH"] = str(self._rpc_dir)
+            # The engine's process makes its rendezvous file (``vllm_dist_*``, never removed)
+            # in its temporary folder: this one too while it starts.
+            os.environ["TMPDIR"] = str(self._rpc_dir)
             args = AsyncEngineArgs(
                 model=self.model_id,
                 dtype="bfloat16",
@@ -122,7 +125,10 @@ class VllmBackend:
             logger.info("starting vLLM engine for %s", self.model_id)
             # No local name for the engine: vLLM keeps this frame alive (start-up bookkeeping),
             # and a local would pin the engine past close().
-            self._engine = AsyncLLM.from_engine_args(args)
+            try:
+                self._engine = AsyncLLM.from_engine_args(args)
+            finally:
+                os.environ["TMPDIR"] = str(tmp)  # the engine process has started (or failed)
             self._tokenizer = self._engine.get_tokenizer()
             # A process that exits without close() would leave the engine to its __del__,
             # which at interpreter teardown fails and leaks vLLM's shared memory.

@@ -149,8 +149,9 @@ async def test_vllm_gives_the_second_reading_yes_and_no_probabilities(
 
 
 def test_the_engine_keeps_its_sockets_in_a_folder_it_removes(model_dir: Path) -> None:
-    """vLLM leaves its ZeroMQ sockets behind even on a clean shutdown: they go to a folder of
-    the engine's, removed on close; one a killed process left is swept on the next start."""
+    """vLLM leaves its ZeroMQ sockets behind even on a clean shutdown, and a killed engine its
+    rendezvous file: they go to a folder of the engine's, removed on close; one a killed
+    process left is swept on the next start."""
     work = ROOT / "var" / "vllm"  # the module's engine's too: the environment is process-wide
     left = work / "tmp" / f"rpc-999999999-{uuid.uuid4().hex[:8]}"  # no such process
     left.mkdir(parents=True)
@@ -164,7 +165,10 @@ def test_the_engine_keeps_its_sockets_in_a_folder_it_removes(model_dir: Path) ->
         folder = backend._rpc_dir
         assert folder is not None and folder.parent == (work / "tmp").resolve()
         assert any(p.is_socket() for p in folder.iterdir())
+        # the engine process's rendezvous file too (a killed process leaves it: swept with it)
+        assert list(folder.glob("vllm_dist_*")) and not list((work / "tmp").glob("vllm_dist_*"))
     finally:
         backend.close()
     assert not folder.exists()
     assert {p for p in shared.iterdir() if p.is_socket()} <= before
+    assert os.environ["TMPDIR"] == str((work / "tmp").resolve())  # as it was before the start
