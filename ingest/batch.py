@@ -409,7 +409,8 @@ def _held_by_other_path(sink: DocumentSink, doc_id: str, path: Path) -> str | No
     """Why a file may not replace document ``doc_id``, or None: refused only when the document
     came from another path that still exists (a moved folder replaces its documents)."""
     held = sink.path_of(doc_id)
-    if not held or held == utf8_name(path.resolve()) or not _still_exists(held):
+    # escaped again: a path stored before its characters were (an index of an older version)
+    if not held or utf8_name(held) == utf8_name(path.resolve()) or not _still_exists(held):
         return None
     return (
         f"document id {doc_id!r} is held by {held}, ingested earlier; this file "
@@ -419,15 +420,25 @@ def _held_by_other_path(sink: DocumentSink, doc_id: str, path: Path) -> str | No
 
 
 _BYTE_ESCAPE = re.compile(rb"\\x([0-9a-f]{2})")
+_CHAR_ESCAPE = re.compile(r"\\u([0-9a-f]{4})|\\U([0-9a-f]{8})")
+
+
+def _escaped_char(match: re.Match[str]) -> str:
+    code = int(match[1] or match[2], 16)
+    return match[0] if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF else chr(code)
 
 
 def _still_exists(stored: str) -> bool:
     """Whether a stored path (as :func:`ingest.pdf.utf8_name` renders it) still exists; one
-    with escaped non-UTF-8 bytes is looked up by those bytes."""
+    with escapes is looked up by what they stand for: ``\\uNNNN`` a character, ``\\xNN``
+    a byte the name could not decode, or a control character (U+0080-U+009F is two bytes in
+    UTF-8: both readings are tried)."""
     if Path(stored).exists():
         return True
-    raw = _BYTE_ESCAPE.sub(lambda m: bytes([int(m[1], 16)]), stored.encode("utf-8"))
-    return os.path.exists(raw)
+    chars = _CHAR_ESCAPE.sub(_escaped_char, stored)
+    raw = _BYTE_ESCAPE.sub(lambda m: bytes([int(m[1], 16)]), chars.encode("utf-8"))
+    controls = _BYTE_ESCAPE.sub(lambda m: chr(int(m[1], 16)).encode(), chars.encode("utf-8"))
+    return os.path.exists(raw) or os.path.exists(controls)
 
 
 def parser_pool(workers: int, memory_limit_mb: int) -> ProcessPoolExecutor:

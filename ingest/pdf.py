@@ -145,11 +145,18 @@ class ParsedDocument:
         return reasons
 
 
+def outline_of(doc: pymupdf.Document) -> tuple[tuple[int, str, int], ...]:
+    """The PDF outline as ``(level, title, page)``, its titles read as page text is (control
+    characters as spaces, :func:`ragline.text.seen_text`)."""
+    return tuple(
+        (int(level), seen_text(_CONTROL.sub(" ", str(title))), int(page))
+        for level, title, page, *_ in doc.get_toc(simple=True)
+    )
+
+
 NOT_OCRD = "not OCR'd (OCR off, tesseract-ocr not installed, or past RAGLINE_INGEST_MAX_OCR_PAGES)"
 
-_HYPHEN_BREAK = re.compile(r"(\w)[-\u00ad]\n(\w)")
-"""A word broken at a line's end: by a hyphen, or by a soft hyphen (what a word processor's
-discretionary break is mapped to when it is taken)."""
+_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # all but the newline
 _BLANK_LINES = re.compile(r"\n{3,}")
@@ -158,12 +165,10 @@ _BLANK_LINES = re.compile(r"\n{3,}")
 def clean_page_text(text: str) -> str:
     """Normalise ligatures and odd unicode (NFKC), drop control characters (a PDF's text can
     map to any code point: an ESC would drive the terminal a passage is printed on) and
-    characters no reader sees (:func:`ragline.text.seen_text`), re-join line-end hyphenation
-    (after a hyphen or a soft hyphen), tidy spaces."""
-    text = seen_text(text.replace("\t", " "))
-    # A soft hyphen taken at a line's end printed as a hyphen: where no word follows on the
-    # page (its last line), the chunker re-joins it with the next page's first word.
-    text = _HYPHEN_BREAK.sub(r"\1\2", text).replace("\u00ad\n", "-\n")
+    characters no reader sees (:func:`ragline.text.seen_text`, which also re-joins a word
+    broken by a soft hyphen), re-join line-end hyphenation, tidy spaces."""
+    text = seen_text(text)
+    text = _HYPHEN_BREAK.sub(r"\1\2", text)
     text = _SPACES.sub(" ", text)
     return _BLANK_LINES.sub("\n\n", text).strip()
 
@@ -245,10 +250,7 @@ def read_pdf(
         truncated = bool(doc.is_repaired) and _cut_short(data)
         try:
             extracted = _extract(doc, limits)
-            outline = tuple(
-                (int(level), seen_text(_CONTROL.sub(" ", str(title))), int(page))
-                for level, title, page, *_ in doc.get_toc(simple=True)
-            )
+            outline = outline_of(doc)
         except Exception as exc:
             raise bad(f"corrupt PDF: text extraction failed ({_library_says(exc, name)})") from exc
         if not any(extracted.texts):
@@ -550,7 +552,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
     )
     return _Extracted(
         texts=texts,
-        titles=tuple(title_paths(doc.get_toc(simple=True), doc.page_count)),
+        titles=tuple(title_paths(outline_of(doc), doc.page_count)),
         quality=quality,
         tables=tuple(tables),
         ocr_pages=tuple(ocr_pages),

@@ -90,16 +90,18 @@ def named(items: Sequence[str], limit: int = 10) -> str:
 
 
 INVISIBLE_FORMAT = (
-    "\u061c\u180e\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f"
-    "\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
+    "\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b\u200e\u200f\u202a-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
 )
-"""Format characters that show nothing and mean nothing in extracted or typed text (a regex
-character class, no brackets): the bidirectional marks, embeddings, overrides and isolates
-(an RLO prints the rest of the line reversed: "report\u202efdp.exe"), the zero-width space,
-word joiner and invisible operators, a byte-order mark, the Mongolian vowel separator,
-interlinear annotation marks and the tag characters (which spell ASCII no one sees: text
-smuggled past a reader). The zero-width joiner and non-joiner (U+200C, U+200D) are not among
-them: they shape Persian, Indic scripts and emoji sequences; neither is the soft hyphen."""
+"""Characters that show nothing and mean nothing in extracted or typed text (a regex character
+class, no brackets): Unicode's default-ignorable code points (the bidirectional marks,
+embeddings, overrides and isolates — an RLO prints the rest of the line reversed,
+"report\u202efdp.exe" —, the zero-width space, word joiner and invisible operators, a
+byte-order mark, fillers, variation selectors, tag characters, which spell ASCII no one sees)
+and the interlinear annotation marks. Not among them: the zero-width joiner and non-joiner
+(U+200C, U+200D), which shape Persian, Indic scripts and emoji sequences, and the soft hyphen
+(:func:`ragline.text.seen_text` reads it as a break)."""
 
 _UNPRINTABLE = re.compile(f"[\ud800-\udfff\x00-\x1f\x7f-\x9f{INVISIBLE_FORMAT}]")
 """Lone surrogates, control characters and :data:`INVISIBLE_FORMAT`."""

@@ -166,18 +166,24 @@ def asking(query: str) -> str:
 
 
 _SPACES = re.compile(r"\s+")
-_UNSEEN = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{INVISIBLE_FORMAT}]|\u00ad(?!\n)")
+_UNSEEN = re.compile(f"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\r{INVISIBLE_FORMAT}]")
+_SPACING_CONTROL = re.compile("[\t\x0b\x0c\x1c-\x1f\x85]")
+_SOFT_BREAK = re.compile(r"(?<=\w)\u00ad[ \t]*\n[ \t]*(?=\w)")
+_SOFT_END = re.compile(r"(?<=\w)\u00ad\s*\Z")
 
 
 def seen_text(text: str) -> str:
-    """``text`` as a reader sees it: NFKC (full-width letters, ligatures), without control
-    characters (newlines kept), invisible format characters
+    """``text`` as a reader sees it: without control characters (newlines kept; a tab, form
+    feed or other spacing control is a space) and invisible format characters
     (:data:`ragline.errors.INVISIBLE_FORMAT`: a zero-width space splitting a word for the
-    tokenizers, tag characters spelling text no one reads) and soft hyphens (a break point
-    not taken; one before a newline stays, for ingest to re-join the word). Ingest reads page
-    and table text through it, the gateway every question, so both sides hold the same
-    characters."""
-    return _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
+    tokenizers, tag characters spelling text no one reads), a soft hyphen taken at a line's
+    end joining the word it broke (at the text's end, a page's last line, it is the hyphen
+    it printed as), any other soft hyphen (a break not taken) dropped, then NFKC (full-width
+    letters, ligatures). Ingest reads page and table text through it, the gateway every
+    question, so both sides hold the same characters; reading it twice changes nothing."""
+    text = _SPACING_CONTROL.sub(" ", _UNSEEN.sub("", text))
+    text = _SOFT_END.sub("-", _SOFT_BREAK.sub("", text)).replace("\u00ad", "")
+    return unicodedata.normalize("NFKC", text)
 
 
 def query_text(query: str) -> str:

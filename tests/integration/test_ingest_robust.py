@@ -95,6 +95,24 @@ def test_a_non_utf8_file_name_ingests_under_an_escaped_name_and_the_index_keeps_
     assert refused.status == "failed" and "--replace-other-paths" in refused.reason
 
 
+def test_a_folder_named_with_invisible_or_control_characters_still_guards_its_documents(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    """Its path is stored escaped ("man\\u200buals"); looked up by what the escapes stand
+    for, it still exists, so a file of the same name elsewhere does not silently replace it."""
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+    for n, folder in enumerate(("man\u200buals", "ctl\x85\x1bdocs")):
+        first = write_pdf(tmp_path / folder / f"kettle{n}.pdf", MANUAL_PAGES[:2])
+        assert run_batch([first], index, progress=False).results[0].status == "ingested"
+        assert "\\u200b" in index.path_of(f"kettle{n}") or "\\x85" in index.path_of(f"kettle{n}")
+        twin = write_pdf(tmp_path / "old" / f"kettle{n}.pdf", NOTES)
+        refused = run_batch([twin], index, progress=False).results[0]
+        assert refused.status == "failed" and "--replace-other-paths" in refused.reason
+        # the file itself again: unchanged, not refused as held by another path
+        assert run_batch([first], index, progress=False).results[0].status == "unchanged"
+
+
 def test_names_whose_bytes_differ_stay_different_documents(
     tmp_path: Path, encoder: SpladeEncoder
 ) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pymupdf
 import pytest
@@ -42,7 +43,32 @@ def test_clean_text_drops_what_no_reader_sees() -> None:
     )
     assert clean_page_text(text) == "password rulebook database hidden abc"
     # a page's last line ends in one: printed as the hyphen it was, for the chunker to re-join
-    assert clean_page_text("the lathe is deter\u00ad\n") == "the lathe is deter-"
+    assert clean_page_text("the lathe is deter\u00ad") == "the lathe is deter-"
+    # a break point not taken, or one with nothing to join, is dropped
+    assert clean_page_text("Price \u00ad\nnext; end of para\u00ad\n\nNext") == (
+        "Price \nnext; end of para\n\nNext"
+    )
+    assert clean_page_text("deter\u00ad \r\nmined, deter\u00ad\u200b\nmined") == (
+        "determined, determined"
+    )
+    assert clean_page_text("form\x0cfeed\ttab") == "form feed tab"  # spacing controls
+
+
+def test_a_word_broken_by_a_soft_hyphen_across_a_page_break_is_one_word(tmp_path: Path) -> None:
+    """MuPDF gives the soft hyphen a page's last line ends in; the page text is stripped, so
+    it is the text's last character, and the chunker re-joins it with the next page's word."""
+    from ingest.chunker import chunk_pages
+
+    pdf = pymupdf.open()
+    for line in ("The spindle speed of the lathe was deter\u00ad", "mined by the belt position."):
+        page = pdf.new_page()
+        writer = pymupdf.TextWriter(page.rect)
+        writer.append((50, 100), line, font=pymupdf.Font("cjk"))
+        writer.write_text(page)
+    doc = read_pdf(pdf.tobytes(), "lathe.pdf")
+    assert doc.pages[0].endswith("was deter-")
+    chunks = chunk_pages(doc.doc_id, doc.content_hash, doc.pages, doc.source)
+    assert "lathe was determined by the belt" in " ".join(c.text for c in chunks)
     # the joiners shape Persian and emoji; they stay
     assert clean_page_text("mi\u200cravam \U0001f469\u200d\U0001f52c") == (
         "mi\u200cravam \U0001f469\u200d\U0001f52c"
@@ -302,3 +328,24 @@ def test_a_name_with_an_invisible_character_has_an_id_that_shows_it() -> None:
 
     assert doc_id_for("man\u200bual.pdf") == "man\\u200bual"
     assert doc_id_for("manual.pdf") == "manual"
+
+
+def test_a_path_stored_before_names_were_escaped_is_the_same_file(tmp_path: Path) -> None:
+    """An index written by an older version holds "man<ZWSP>uals/kettle.pdf" raw; the same
+    file ingested again is that document, not one held by another path."""
+    from ingest.batch import _held_by_other_path
+
+    folder = tmp_path / "man\u200buals"
+    folder.mkdir()
+    (folder / "kettle.pdf").write_bytes(b"%PDF-1.7")
+    other = tmp_path / "old"
+    other.mkdir()
+    (other / "kettle.pdf").write_bytes(b"%PDF-1.7")
+
+    class Held:  # the part of the index the guard reads: the document's stored path
+        def path_of(self, doc_id: str) -> str:
+            return str((folder / "kettle.pdf").resolve())
+
+    sink: Any = Held()
+    assert _held_by_other_path(sink, "kettle", folder / "kettle.pdf") is None
+    assert "would replace it" in (_held_by_other_path(sink, "kettle", other / "kettle.pdf") or "")

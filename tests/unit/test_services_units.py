@@ -454,6 +454,7 @@ def test_the_cli_prints_control_characters_from_a_server_visibly() -> None:
     assert visible("man\u200bual.pdf") == "man\\u200bual.pdf"
     assert visible("a\ufeffb\u2060c\u200ed") == "a\\ufeffb\\u2060c\\u200ed"
     assert visible("x\U000e0041") == "x\\U000e0041"  # a tag character spelling "A"
+    assert visible("man\u034fual \u3164 v\U000e0100") == "man\\u034fual \\u3164 v\\U000e0100"
     assert visible("mi\u200cravam \U0001f469\u200d\U0001f52c") == (
         "mi\u200cravam \U0001f469\u200d\U0001f52c"  # joiners shape scripts and emoji
     )

@@ -117,3 +117,8 @@ def test_a_question_is_read_without_what_no_one_sees() -> None:
         "What is the password of the lathe?"
     )
     assert query_text("mi\u200cravam ＫＥＴＴＬＥ") == "mi\u200cravam KETTLE"
+    # read twice, the same: what the gateway sends on is what every stage reads again
+    for text in ("cafe\u200b\u0301", "\u1100\u200b\u1161", "data\u00ad\nbase", "lathe\u00ad"):
+        assert query_text(query_text(text)) == query_text(text)
+    assert query_text("cafe\u200b\u0301") == "caf\u00e9" and query_text("\u3164") == ""
+    assert query_text("hi\U000e0148\ufe01 there") == "hi there"  # variation selectors
