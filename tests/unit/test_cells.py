@@ -94,6 +94,42 @@ def test_a_question_asking_two_things_reads_nothing() -> None:
     assert read_table_cell(question, FORMATS) is None
 
 
+def test_a_question_asking_for_two_values_in_one_clause_reads_nothing() -> None:
+    """ "Which extension and level range ..." asks for two cells: one is half an answer, and
+    the other column names nothing the table has here (so the column test alone reads one)."""
+    with_codes = to_markdown(["No.", "Format", "File extension"], [["7", "zstd", ".zst"]])
+    for question in (
+        "Which file extension and number does the tool give zstd archives?",
+        "What are the number and the file extension of zstd archives?",
+    ):
+        assert read_table_cell(question, with_codes) is None, question
+    # coordination elsewhere in the question asks one thing
+    read = read_table_cell(
+        "Which file extension do zstd archives get when written and read by the tool?", with_codes
+    )
+    assert read is not None and read.cell == ".zst"
+
+
+def test_which_questions_ask_for_several_things_in_one_clause() -> None:
+    from ragline.text import asks_for_several
+
+    several = [
+        "Which author and year does the table give for the kettle?",
+        "What colour and weight is the lathe's drive belt?",
+        "What are the width and height of the kettle's lid?",
+        "The guide says lids vary. Which lid size and material does it list for the tall kettle?",
+    ]
+    one = [
+        "What is the difference between a belt and a chain?",
+        "Which functions are recommended for reading and writing kettle logs?",
+        "Who wrote the lathe manual and the kettle guide?",
+        "Which tools return the largest and smallest spindle speed?",
+        "How many of the 40 kettles tested at 90 degrees leaked?",
+    ]
+    assert [q for q in several if not asks_for_several(q)] == []
+    assert [q for q in one if asks_for_several(q)] == []
+
+
 def test_the_row_named_most_wins_or_nothing_is_read() -> None:
     # "zstd long mode" is named by more of the question than "zstd", and has no level: the
     # weaker row's level is not read in its place.
