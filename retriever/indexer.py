@@ -83,6 +83,18 @@ class Indexer(Generic[B]):
         """
         check_utf8(chunks)  # before minutes of encoding, not after
         rows, vectors = self.encode(chunks, progress)
+        self.commit(doc_id, content_hash, chunks, rows, vectors)
+
+    def commit(
+        self,
+        doc_id: str,
+        content_hash: str,
+        chunks: Sequence[Chunk],
+        rows: sp.csr_matrix,
+        vectors: np.ndarray | None,
+    ) -> None:
+        """Add or replace a document already encoded (:meth:`encode`; one new snapshot): the
+        second half of :meth:`put`, for a writer that encodes outside its own lock."""
         failpoint("ingest.encoded")
         if self.store.dense_missing:
             self.backfill_dense()

@@ -19,6 +19,7 @@ from typing import Any
 
 from ingest.batch import (
     STOPPED,
+    DocumentSink,
     FileResult,
     IngestReport,
     UploadParsers,
@@ -29,8 +30,10 @@ from ingest.batch import (
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import PdfLimits, doc_id_for
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
+from ragline.types import Chunk
 from retriever.backend import IndexBackend
 from retriever.indexer import Indexer
+from retriever.store import check_utf8
 from services.paths import PathPolicy
 from services.stages import IndexInfo
 
@@ -85,6 +88,78 @@ def _log_failure(job: asyncio.Future[Any]) -> None:
     retrieved" would be all that shows)."""
     if not job.cancelled() and job.exception() is not None:
         logger.error("a write whose caller left failed", exc_info=job.exception())
+
+
+CHANGED = "changed while this request ran (another write to it landed first): ingest it again"
+
+
+class _Commits:
+    """The sink an ``Ingest`` request's batch job writes through: each document is encoded
+    outside the writers' lock and committed under it, so a long request holds the lock for
+    one commit at a time, not for its whole run (a delete, or another request's small upload,
+    waits seconds, not the minutes a large manual takes to encode).
+
+    What the batch job decided about a document (new or a replacement, not held by another
+    path, source or collection) it decided from reads through this sink; each document's
+    first read is remembered, and under the lock the commit goes ahead only while that still
+    holds (and the document is still the caller's to change): else it fails with
+    :data:`CHANGED`, nothing written. Blocking: called from the batch job's thread."""
+
+    def __init__(
+        self, index: LocalIndex, loop: asyncio.AbstractEventLoop, allowed: frozenset[str] | None
+    ) -> None:
+        self.index = index
+        self.indexer = index.indexer
+        self.loop = loop
+        self.allowed = allowed
+        self._seen: dict[str, tuple[str | None, str | None, str | None]] = {}
+
+    def _state(self, doc_id: str) -> tuple[str | None, str | None, str | None]:
+        i = self.indexer
+        return i.content_hash_of(doc_id), i.collection_of(doc_id), i.path_of(doc_id)
+
+    def _seen_now(self, doc_id: str) -> None:
+        if doc_id not in self._seen:
+            self._seen[doc_id] = self._state(doc_id)
+
+    # -- DocumentSink ------------------------------------------------------------------------
+    def content_hash_of(self, doc_id: str) -> str | None:
+        self._seen_now(doc_id)
+        return self._seen[doc_id][0]
+
+    def collection_of(self, doc_id: str) -> str | None:
+        self._seen_now(doc_id)
+        return self._seen[doc_id][1]
+
+    def path_of(self, doc_id: str) -> str | None:
+        self._seen_now(doc_id)
+        return self._seen[doc_id][2]
+
+    def put(
+        self,
+        doc_id: str,
+        content_hash: str,
+        chunks: Sequence[Chunk],
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        check_utf8(chunks)  # before minutes of encoding, not after
+        rows, vectors = self.indexer.encode(chunks, progress)
+        # On the event loop: the lock is released there whatever becomes of this thread.
+        asyncio.run_coroutine_threadsafe(
+            self._commit(doc_id, content_hash, chunks, rows, vectors), self.loop
+        ).result()
+
+    async def _commit(self, doc_id: str, *encoded: Any) -> None:
+        async with self.index._lock:
+            await asyncio.shield(asyncio.to_thread(self._checked_commit, doc_id, *encoded))
+
+    def _checked_commit(self, doc_id: str, *encoded: Any) -> None:
+        """Under the writers' lock, in a worker thread (a backend's reads may be remote)."""
+        now = self._state(doc_id)
+        foreign = self.allowed is not None and now[1] not in (None, *self.allowed)
+        if foreign or now != self._seen.get(doc_id, now):
+            raise FailedPrecondition(f"document {doc_id!r} {CHANGED}")
+        self.indexer.commit(doc_id, *encoded)
 
 
 class LocalIndex:
@@ -212,9 +287,9 @@ class LocalIndex:
         if paths and not files:
             raise InvalidArgument.for_field("paths", "no PDF files under the paths given")
         started = time.perf_counter()
-        # Shielded: a caller that goes away (cancel, deadline) must not release the lock while
-        # the worker thread still writes; the next write waits for this one to end. The job
-        # itself stops before its next document: nobody waits for the rest.
+        # Shielded: a caller that goes away (cancel, deadline) must not end the job while its
+        # worker thread still writes. The job itself stops before its next document: nobody
+        # waits for the rest.
         stop = threading.Event()
         job = asyncio.ensure_future(
             self._ingest_locked(files, documents, collection, replace_other_paths, allowed, stop)
@@ -238,11 +313,18 @@ class LocalIndex:
             await asyncio.to_thread(self._changed)
         return report
 
-    def _batch(self, files: Sequence[str | Path], progress: bool, **options: Any) -> IngestReport:
-        """The batch job over ``files`` into this index (blocking: from a worker thread)."""
+    def _batch(
+        self,
+        files: Sequence[str | Path],
+        progress: bool,
+        sink: DocumentSink | None = None,
+        **options: Any,
+    ) -> IngestReport:
+        """The batch job over ``files`` into this index, through ``sink`` (default: straight
+        to the indexer; blocking: from a worker thread)."""
         return run_batch(
             [str(f) for f in files],
-            self.indexer,
+            sink or self.indexer,
             self.chunker,
             self.pdf_limits,
             progress,
@@ -260,12 +342,15 @@ class LocalIndex:
         allowed: frozenset[str] | None,
         stop: threading.Event,
     ) -> IngestReport:
-        async with self._lock:
-            report = IngestReport()
-            if stop.is_set():  # cancelled while waiting for the lock: nothing to do
-                return report
-            foreign = [f for f in files if self._foreign(f.name, allowed)]
-            files = [f for f in files if f not in foreign]
+        """The request's job: documents encoded outside the writers' lock, each committed
+        under it (:class:`_Commits`), the listeners told once at the end."""
+        report = IngestReport()
+        if stop.is_set():  # cancelled before it started: nothing to do
+            return report
+        sink = _Commits(self, asyncio.get_running_loop(), allowed)
+        foreign = [f for f in files if self._foreign(f.name, allowed, sink)]
+        files = [f for f in files if f not in foreign]
+        try:
             if files:  # the batch job itself: size limit, duplicate ids, same-name guard
                 report = await asyncio.to_thread(
                     self._batch,
@@ -274,12 +359,15 @@ class LocalIndex:
                     collection=collection,
                     replace_other_paths=replace_other_paths,
                     stop=stop,
+                    sink=sink,
                 )
             report.results[:0] = [_taken(str(f)) for f in foreign]
             report.results += await self._ingest_uploads(
-                documents, collection, replace_other_paths, report.results, allowed, stop
+                documents, collection, replace_other_paths, report.results, allowed, stop, sink
             )
-            await asyncio.to_thread(self._changed)
+        finally:
+            async with self._lock:
+                await asyncio.to_thread(self._changed)
         return report
 
     async def _ingest_uploads(
@@ -290,13 +378,14 @@ class LocalIndex:
         earlier: Sequence[FileResult],
         allowed: frozenset[str] | None,
         stop: threading.Event,
+        sink: _Commits,
     ) -> list[FileResult]:
         """Uploads through the same-name guard as paths: a name taken earlier in this request,
         or by a document from another source, is FAILED (the latter unless ``replace``); once
         ``stop`` is set the rest are FAILED without being parsed."""
         refused = duplicate_uploads([name for name, _ in documents], earlier)
         for index, (name, _) in enumerate(documents):
-            if index not in refused and self._foreign(name, allowed):
+            if index not in refused and self._foreign(name, allowed, sink):
                 refused[index] = _taken(name)
         results = []
         for index, (name, data) in enumerate(documents):
@@ -310,7 +399,7 @@ class LocalIndex:
                 ingest_one,
                 data,
                 name,
-                self.indexer,
+                sink,
                 self.chunker,
                 self.pdf_limits,
                 collection,
@@ -324,12 +413,13 @@ class LocalIndex:
         if not self.writer:
             raise FailedPrecondition("this process reads the index; the retriever role writes it")
 
-    def _foreign(self, name: str, allowed: frozenset[str] | None) -> bool:
-        """Whether a file of this name would replace a document the caller may not change."""
+    def _foreign(self, name: str, allowed: frozenset[str] | None, sink: _Commits) -> bool:
+        """Whether a file of this name would replace a document the caller may not change
+        (read through ``sink``: checked again when the document is committed)."""
         if allowed is None:
             return False
         try:
-            held_by = self.store.collection_of(doc_id_for(name))
+            held_by = sink.collection_of(doc_id_for(name))
         except InvalidArgument:  # no usable id: the batch job reports it
             return False
         return held_by is not None and held_by not in allowed

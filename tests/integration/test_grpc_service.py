@@ -306,6 +306,79 @@ async def test_an_ingest_whose_caller_left_stops_before_its_next_document(  # ty
             assert exc.code() == grpc.StatusCode.NOT_FOUND
 
 
+async def test_a_delete_does_not_wait_for_another_request_to_encode(  # type: ignore[no-untyped-def]
+    channel, tmp_path
+) -> None:
+    """A long Ingest holds the writers' lock only while it commits a document, not while it
+    encodes: a delete sent while it runs is answered before it ends."""
+    stub = ragline_pb2_grpc.RaglineStub(channel)
+    pebble = write_pdf(tmp_path / "pebble-note.pdf", ["The pebble note says the kiln is blue."])
+    await stub.Ingest(
+        ragline_pb2.IngestRequest(
+            documents=[ragline_pb2.Document(name="pebble-note.pdf", content=pebble.read_bytes())]
+        ),
+        timeout=60,
+    )
+    names = [f"slow-kiln-{n}.pdf" for n in range(16)]
+    documents = [
+        ragline_pb2.Document(
+            name=name,
+            content=write_pdf(
+                tmp_path / name, [f"Kiln log {n}: the glaze is green. " + p for p in MANUAL_PAGES]
+            ).read_bytes(),
+        )
+        for n, name in enumerate(names)
+    ]
+    before = (await stub.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)).documents
+    long = asyncio.ensure_future(
+        stub.Ingest(ragline_pb2.IngestRequest(documents=documents), timeout=300)
+    )
+    try:
+        while (await stub.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)).documents == before:
+            assert not long.done(), "the long request ended before its first document landed"
+            await asyncio.sleep(0.05)
+        removed = await stub.DeleteDocument(
+            ragline_pb2.DeleteDocumentRequest(doc_id="pebble-note"), timeout=60
+        )
+        assert removed.chunks_removed == 1
+        assert not long.done()  # answered while the long request still encodes the rest
+        reply = await long
+    finally:
+        await asyncio.wait([long])
+    assert {r.status for r in reply.results} == {ragline_pb2.IngestFileResult.INGESTED}
+    for name in names:
+        await stub.DeleteDocument(
+            ragline_pb2.DeleteDocumentRequest(doc_id=name.removesuffix(".pdf")), timeout=30
+        )
+
+
+async def test_a_document_another_write_changed_meanwhile_is_not_committed(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    """What a request decided from (here: "a new document") is checked again when it
+    commits: another write that landed in between fails this one, nothing written."""
+    from ingest.batch import ingest_one
+    from services.local_index import CHANGED, LocalIndex, _Commits
+
+    index = LocalIndex(make_indexer(tmp_path / "index", encoder), workers=0)
+    index.warm_up()
+    loop = asyncio.get_running_loop()
+    first, second = _Commits(index, loop, None), _Commits(index, loop, None)
+    one = write_pdf(tmp_path / "a" / "twin.pdf", ["The twin kiln fires at 1200 degrees."])
+    two = write_pdf(tmp_path / "b" / "twin.pdf", ["The twin kiln cools for a day."])
+    assert second.content_hash_of("twin") is None  # what the second request reads: new
+    landed = await asyncio.to_thread(ingest_one, one.read_bytes(), "twin.pdf", first)
+    assert landed.status == "ingested"
+    held = index.store.content_hash_of("twin")
+    refused = await asyncio.to_thread(ingest_one, two.read_bytes(), "twin.pdf", second)
+    assert refused.status == "failed" and CHANGED in refused.reason
+    assert index.store.content_hash_of("twin") == held  # the first one's, whole
+    assert [c.text for c in index.store.documents()["twin"][1]] == [
+        "The twin kiln fires at 1200 degrees."
+    ]
+    index.close()
+
+
 async def test_off_topic_question_is_insufficient_without_the_model(channel) -> None:  # type: ignore[no-untyped-def]
     stub = ragline_pb2_grpc.RaglineStub(channel)
     reply = await stub.Answer(
