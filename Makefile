@@ -1,6 +1,6 @@
 # The two commands a fresh clone needs:  `make run`  and  `make test`.
 SHELL := /bin/bash
-VENV ?= .venv
+VENV ?= $(or $(RAGLINE_VENV),.venv)
 BIN := $(VENV)/bin
 FULL ?= 0
 CORPUS ?= data/corpus
@@ -21,12 +21,12 @@ test: setup redis proto-check lint typecheck
 	$(BIN)/python -m pytest -q
 
 setup:
-	@RAGLINE_VENV=$(VENV) scripts/setup.sh
+	@RAGLINE_VENV="$(VENV)" scripts/setup.sh
 
 ## lock: write constraints.txt from .venv (every package's exact version, which `make setup`
 ##      installs under); after changing a dependency: RAGLINE_CONSTRAINTS= make test lock
 lock:
-	@RAGLINE_VENV=$(VENV) scripts/lock.sh
+	@RAGLINE_VENV="$(VENV)" scripts/lock.sh
 
 redis:
 	@scripts/ensure_redis.sh

@@ -30,6 +30,7 @@ where it is on, the second reading (:mod:`generator.verify`).
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ class Asked:
         self.tokens = _tokens(question)
         self.token_set = set(self.tokens)
         self.stems = stems(question)
-        self.one_thing = len(asks(question)) <= 1 and not asks_for_several(question)
+        self.question = question
         self.at: dict[str, list[int]] = {}
         self.stem_at: dict[str, list[int]] = {}
         self._quoted: dict[str, list[int]] = {}
@@ -74,6 +75,12 @@ class Asked:
             self.at.setdefault(token, []).append(i)
             for s in stems(token):
                 self.stem_at.setdefault(s, []).append(i)
+
+    @functools.cached_property
+    def one_thing(self) -> bool:
+        """Whether the question asks one thing: asked only once a cell is found (the parse
+        behind :func:`ragline.text.asks_for_several` takes milliseconds)."""
+        return len(asks(self.question)) <= 1 and not asks_for_several(self.question)
 
     def quoted_at(self, cell: str) -> list[int]:
         """The token positions where the cell's whole text occurs in the question as a
@@ -175,8 +182,13 @@ def read_table_cell(question: str | Asked, markdown: str, number: int = 1) -> Ce
 
 def cell_of(q: Asked, table: TableText, number: int = 1) -> CellRead | None:
     """:func:`read_table_cell` on a parsed table."""
-    if not table.rows or not q.one_thing:
+    if not table.rows:
         return None
+    found = _named_cell(q, table, number)
+    return found if found is not None and q.one_thing else None
+
+
+def _named_cell(q: Asked, table: TableText, number: int) -> CellRead | None:
     width = max(len(table.header), *(len(r) for r in table.rows))
     header = (table.header + [""] * width)[:width]
     heads = [q.stems & stems(h) for h in header]

@@ -12,6 +12,7 @@ from generator.contract import Reason, check_answer
 from generator.injection import without_instructions
 from generator.prompt import build_messages, system_prompt_for
 from generator.verify import AnswerVerifier
+from ragline.text import load_parser
 from ragline.types import Answer, Hit
 
 
@@ -68,6 +69,8 @@ class AnswerGenerator:
 
     def warm_up(self) -> None:
         self.backend.warm_up()
+        if self.read_cells:  # the question parse a cell read asks for (not on a request)
+            load_parser()
 
     def queue_depth(self) -> int | None:
         """Requests waiting for an engine slot (None: the backend keeps no queue)."""

@@ -111,9 +111,6 @@ class VllmBackend:
             sweep_process_folders(tmp, RPC_PREFIX, 600.0)
             self._rpc_dir = Path(tempfile.mkdtemp(prefix=f"{RPC_PREFIX}{os.getpid()}-", dir=tmp))
             os.environ["VLLM_RPC_BASE_PATH"] = str(self._rpc_dir)
-            # The engine's process makes its rendezvous file (``vllm_dist_*``, never removed)
-            # in its temporary folder: this one too while it starts.
-            os.environ["TMPDIR"] = str(self._rpc_dir)
             args = AsyncEngineArgs(
                 model=self.model_id,
                 dtype="bfloat16",
@@ -126,7 +123,14 @@ class VllmBackend:
             # No local name for the engine: vLLM keeps this frame alive (start-up bookkeeping),
             # and a local would pin the engine past close().
             try:
+                # The engine's process makes its rendezvous file (``vllm_dist_*``, left behind
+                # when it is killed) in its temporary folder: this one, while it starts.
+                os.environ["TMPDIR"] = str(self._rpc_dir)
                 self._engine = AsyncLLM.from_engine_args(args)
+            except BaseException:
+                shutil.rmtree(self._rpc_dir, ignore_errors=True)
+                self._rpc_dir = None
+                raise
             finally:
                 os.environ["TMPDIR"] = str(tmp)  # the engine process has started (or failed)
             self._tokenizer = self._engine.get_tokenizer()

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -31,7 +31,14 @@ from tqdm import tqdm
 
 from ingest.chunker import ChunkerConfig, chunk_pages
 from ingest.layout import MAX_REPORTED_CHARS, MAX_REPORTED_LINES
-from ingest.pdf import PdfLimits, doc_id_for, document_identity, read_pdf, utf8_name
+from ingest.pdf import (
+    ParsedDocument,
+    PdfLimits,
+    doc_id_for,
+    document_identity,
+    read_pdf,
+    utf8_name,
+)
 from ragline.errors import InvalidArgument, RaglineError, visible
 from ragline.faults import failpoint
 from ragline.files import sweep_process_folders, write_atomic
@@ -259,9 +266,7 @@ def parse_document(
         doc_title=doc.title,
     )
     if not chunks:
-        reasons = set(doc.flag_reasons().values())
-        why = f" (every page: {reasons.pop()})" if len(reasons) == 1 else ""
-        raise InvalidArgument.for_field("document", f"{name}: no text to index{why}")
+        raise InvalidArgument.for_field("document", f"{name}: no text to index{_why_nothing(doc)}")
     return Parsed(
         doc.doc_id,
         doc.content_hash,
@@ -272,6 +277,20 @@ def parse_document(
         doc.ocr_pages,
         doc.running,
     )
+
+
+_QUALITY = re.compile(r" \(quality [0-9.]+\)")
+
+
+def _why_nothing(doc: ParsedDocument) -> str:
+    """Why a document gave no chunk: the two commonest reasons its pages were left out, with
+    how many pages each ("(3 of 3 pages: garbled text ...)"); "" when none was."""
+    reasons = Counter(_QUALITY.sub("", r) for r in doc.flag_reasons().values())
+    if not reasons:
+        return ""
+    total = f"{len(doc.pages)} page{'s' if len(doc.pages) != 1 else ''}"
+    shown = [f"{count} of {total}: {reason}" for reason, count in reasons.most_common(2)]
+    return f" ({'; '.join(shown)}{'; ...' if len(reasons) > 2 else ''})"
 
 
 def _store(

@@ -285,6 +285,11 @@ def without_navigation(text: str) -> str:
     return rest if len(rest.split()) >= MIN_NAVIGATION_HEAD_WORDS else ""
 
 
+WEIRD_WEIGHT = 5.0
+"""What a garbled character (U+FFFD, private use, unassigned, control) costs a page's quality
+score, per share of its characters: at 10% the default threshold of 0.5 is reached."""
+
+
 def text_quality(text: str) -> float:
     """1.0 for clean text, towards 0 for garbled extraction; empty text, or text without a
     letter or a digit, scores 0."""
@@ -296,7 +301,7 @@ def text_quality(text: str) -> float:
     if not alnum:  # only punctuation and symbols (rules, leader dots): nothing to retrieve
         return 0.0
     runs = sum(len(m.group(0)) for m in _GLYPH_RUN.finditer(text))
-    score = 1.0 - 5.0 * weird / len(chars) - runs / len(chars)
+    score = 1.0 - WEIRD_WEIGHT * weird / len(chars) - runs / len(chars)
     if alnum / len(chars) < 0.3:
         score *= 0.5
     return round(max(0.0, min(1.0, score)), 3)

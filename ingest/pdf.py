@@ -17,6 +17,7 @@ from typing import Any
 import pymupdf
 
 from ingest.layout import (
+    WEIRD_WEIGHT,
     Block,
     body_text,
     is_navigation,
@@ -114,8 +115,10 @@ class ParsedDocument:
     unreadable: tuple[int, ...] = ()
     """1-based pages with no text layer that could not be OCR'd (Tesseract not installed)."""
     unmapped: tuple[int, ...] = ()
-    """1-based pages whose text layer is glyphs without a Unicode mapping (:data:`
-    UNMAPPED_SHARE`) that could not be OCR'd."""
+    """1-based pages left out whose text layer is glyphs its fonts map to no character
+    (:func:`_unmapped`): not OCR'd, or OCR'd without reading anything."""
+    textless: tuple[int, ...] = ()
+    """1-based pages left out whose text holds no letter or digit (or no text at all)."""
     title: str = ""
     """The document's title (see :func:`document_title`); "" when none reads like one."""
     navigation: tuple[int, ...] = ()
@@ -135,10 +138,11 @@ class ParsedDocument:
             if n in self.unreadable:
                 reasons[n] = f"no text layer, {NOT_OCRD}"
             elif n in self.unmapped:
-                reasons[n] = f"garbled text (its fonts map the glyphs to no characters), {NOT_OCRD}"
+                read = "and OCR read nothing usable" if n in self.ocr_pages else NOT_OCRD
+                reasons[n] = f"{UNMAPPED}, {read}"
             elif n in self.navigation:
                 reasons[n] = "table of contents or index (page references, no content)"
-            elif not self.pages[n - 1] and self.quality[n - 1] == 0:
+            elif n in self.textless:
                 reasons[n] = "no text" + (f" ({TRUNCATED})" if self.truncated else "")
             else:
                 reasons[n] = f"garbled text (quality {self.quality[n - 1]:.2f})"
@@ -154,6 +158,7 @@ def outline_of(doc: pymupdf.Document) -> tuple[tuple[int, str, int], ...]:
     )
 
 
+UNMAPPED = "garbled text (its fonts map the glyphs to no characters)"
 NOT_OCRD = "not OCR'd (OCR off, tesseract-ocr not installed, or past RAGLINE_INGEST_MAX_OCR_PAGES)"
 
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
@@ -284,6 +289,11 @@ def read_pdf(
         ocr_pages=extracted.ocr_pages,
         unreadable=tuple(n for n in extracted.unreadable if n in flagged),
         unmapped=tuple(n for n in extracted.unmapped if n in flagged),
+        textless=tuple(
+            n
+            for n, text in enumerate(extracted.texts, start=1)
+            if n in flagged and not any(c.isalnum() for c in text)
+        ),
         title=title,
         navigation=navigation,
         running=extracted.running,
@@ -309,6 +319,8 @@ def _why_no_text(doc: pymupdf.Document, extracted: _Extracted, truncated: bool) 
     text layer and no image."""
     if truncated:
         return TRUNCATED
+    if extracted.unmapped:  # OCR'd (else its text would be there), and nothing read
+        return "its fonts map the text to no characters, and OCR read none of it"
     if extracted.unreadable or extracted.ocr_pages or any(map(_has_image, doc.pages())):
         hint = "" if extracted.ocr_available else "; install tesseract-ocr to OCR it"
         return f"scanned or image-only PDF{hint}"
@@ -483,7 +495,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
         every = [b for b in page.get_text("blocks", flags=flags, textpage=text_layer) if b[6] == 0]
         raw = [b for b in every if b[4].strip()]
         code: set[int] = set()
-        garbled = _unmapped(raw)
+        garbled = _unmapped(raw, limits.min_quality)
         # the page's size counts its blank blocks too: the glyph layout holds their glyphs
         if not garbled and worth_reading([b[4] for b in raw], sum(len(b[4]) for b in every)):
             spaced = respaced_blocks(page.get_text("rawdict", flags=flags, textpage=text_layer))
@@ -499,9 +511,12 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
                     (*b[:4], drop_marks(b[4], marks[b[5]]), *b[5:]) if b[5] in marks else b
                     for b in raw
                 ]
+        if garbled:
+            unmapped.append(number)
         if garbled or (not raw and _has_image(page)):
             if tessdata is None or len(ocr_pages) >= limits.max_ocr_pages:
-                (unmapped if garbled else unreadable).append(number)
+                if not garbled:
+                    unreadable.append(number)
             else:
                 textpage = page.get_textpage_ocr(
                     flags=flags,
@@ -563,16 +578,14 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
     )
 
 
-UNMAPPED_SHARE = 0.5
-"""A page whose text layer is more than this share U+FFFD (glyphs its fonts map to no
-character: a font without a ToUnicode map, bitmap fonts of old TeX output) is read by OCR, as
-a page without a text layer is."""
-
-
-def _unmapped(raw: Sequence[tuple[Any, ...]]) -> bool:
-    """Whether most characters of a page's text blocks are glyphs with no Unicode mapping."""
-    chars = sum(len(b[4]) - b[4].count(" ") - b[4].count("\n") for b in raw)
-    return chars > 0 and sum(b[4].count("\ufffd") for b in raw) > UNMAPPED_SHARE * chars
+def _unmapped(raw: Sequence[tuple[Any, ...]], min_quality: float) -> bool:
+    """Whether so many characters of a page's text blocks are U+FFFD (glyphs its fonts map to
+    no character: a font without a ToUnicode map, bitmap fonts of old TeX output) that its
+    text alone scores under ``min_quality`` (:func:`ingest.layout.text_quality`): such a page
+    is read by OCR, as a page without a text layer is, rather than left out."""
+    chars = sum(not c.isspace() for b in raw for c in b[4])
+    unmapped = sum(b[4].count("\ufffd") for b in raw)
+    return chars > 0 and 1.0 - WEIRD_WEIGHT * unmapped / chars < min_quality
 
 
 def _code_blocks(layout: dict[str, Any]) -> set[int]:

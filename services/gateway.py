@@ -24,7 +24,7 @@ from generator.cells import CELL_STAGE, named_cells
 from generator.parts import bounded_asks, join_answers, part_evidence
 from ingest.batch import IngestReport
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, named
-from ragline.text import query_text
+from ragline.text import load_parser, query_text
 from ragline.types import Answer, Hit
 from retriever.search import RetrievalResult, SearchOptions
 from services.auth import Principal
@@ -158,6 +158,8 @@ class Gateway:
             warm = getattr(part, "warm_up", None)
             if warm is not None:
                 warm()
+        if self.read_cells:  # the question parse a cell read asks for (not on a request)
+            load_parser()
 
     async def close(self) -> None:
         """Close what the stages hold: Redis pool, channels, engines."""

@@ -118,16 +118,27 @@ def test_which_questions_ask_for_several_things_in_one_clause() -> None:
         "What colour and weight is the lathe's drive belt?",
         "What are the width and height of the kettle's lid?",
         "The guide says lids vary. Which lid size and material does it list for the tall kettle?",
+        "What's the spout length and volume of the tall kettle?",
+        "which volume and spout length does the tall kettle have",  # lower case, no mark
+        "Which volume and which spout length does the tall kettle have?",
+        "What volume does the tall kettle hold and what spout length?",
+        "Give the volume and weight of the tall kettle.",
+        "How wide and how tall is the kettle's lid?",
+        "In which year and at which site was the kettle made?",
     ]
     one = [
         "What is the difference between a belt and a chain?",
         "Which functions are recommended for reading and writing kettle logs?",
-        "Who wrote the lathe manual and the kettle guide?",
         "Which tools return the largest and smallest spindle speed?",
         "How many of the 40 kettles tested at 90 degrees leaked?",
+        "Which volume does the tall kettle hold when filled and heated?",
+        "Where is the lathe kept when it is not in use?",
+        "",
+        "?? !!",
     ]
     assert [q for q in several if not asks_for_several(q)] == []
     assert [q for q in one if asks_for_several(q)] == []
+    assert asks_for_several("Which kettle " + "and lid " * 2000 + "is tall?") in (True, False)
 
 
 def test_the_row_named_most_wins_or_nothing_is_read() -> None:
@@ -201,3 +212,23 @@ def test_a_label_or_header_named_loosely_reads_nothing() -> None:
     assert read_table_cell("How many sunny days were there in 1999?", WEATHER) is None
     assert read_table_cell("Were there 98 sunny days in 2020?", WEATHER) is None
     assert read_table_cell("How many sunny days were there?", WEATHER) is None
+
+
+def test_without_the_parse_model_every_question_asks_one_thing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """spaCy's model missing: cells are read as before the parse existed, said once in the
+    log, and no request fails for it."""
+    import ragline.text as text
+
+    monkeypatch.setattr(text, "_parser", None)
+    monkeypatch.setattr(text, "SPACY_MODEL", "no_such_spacy_model")
+    text.asks_for_several.cache_clear()
+    try:
+        assert text.load_parser() is False
+        assert text.asks_for_several("How wide and how tall is the kettle's lid?") is False
+        assert "no_such_spacy_model" in caplog.text
+        read = read_table_cell("Which file extension and compression level range has xz?", FORMATS)
+        assert read is not None
+    finally:
+        text.asks_for_several.cache_clear()

@@ -302,19 +302,25 @@ def test_a_huge_image_only_page_is_still_read(tmp_path: Path) -> None:
     assert doc.ocr_pages == (1,) and "frobnicator" in doc.pages[0].lower()
 
 
-def unmapped_pdf(pages: int = 2, plain: str = "") -> bytes:
+def unmapped_pdf(
+    pages: int = 2, plain: str = "", unmapped: str = "", invisible: bool = False, blank: int = 0
+) -> bytes:
     """A PDF whose text is set in a font without a ToUnicode map (as old TeX bitmap fonts and
-    some PDF printers write it): MuPDF reads its glyphs as U+FFFD. ``plain``: a line in a
-    normal font above it on each page."""
+    some PDF printers write it): MuPDF reads its glyphs as U+FFFD. ``plain``: lines in a
+    normal font above it on each page; ``unmapped``: the text in that font (default a
+    sentence about a lathe); ``invisible``: drawn in render mode 3 (no ink: OCR sees nothing);
+    ``blank``: empty pages after them."""
     pdf = pymupdf.open()
     for n in range(pages):
         page = pdf.new_page()
         if plain:
-            page.insert_text((50, 80), plain)
+            page.insert_textbox(pymupdf.Rect(50, 60, 550, 380), plain, fontsize=11)
         writer = pymupdf.TextWriter(page.rect)
-        line = f"The lathe spindle turns at ninety revolutions a minute on pulley {n + 1}."
-        writer.append((50, 400), line if not plain else "x2", font=pymupdf.Font("cjk"), fontsize=14)
-        writer.write_text(page)
+        line = unmapped or f"The lathe spindle turns at ninety revolutions a minute on pulley {n}."
+        writer.append((50, 400), line, font=pymupdf.Font("cjk"), fontsize=14)
+        writer.write_text(page, render_mode=3 if invisible else 0)
+    for _ in range(blank):
+        pdf.new_page()
     doc = pymupdf.open(stream=pdf.tobytes())
     for xref in range(1, doc.xref_length()):
         if "/ToUnicode" in doc.xref_object(xref):
@@ -329,15 +335,23 @@ def test_a_font_without_a_unicode_map_is_named_as_the_reason() -> None:
     doc = read_pdf(data, "lathe.pdf", PdfLimits(ocr=False))
     assert doc.flagged == doc.unmapped == (1, 2) and doc.unreadable == ()
     assert all(r.startswith("garbled text (its fonts map") for r in doc.flag_reasons().values())
-    with pytest.raises(InvalidArgument, match=r"no text to index \(every page: garbled text"):
+    with pytest.raises(InvalidArgument, match=r"no text to index \(2 of 2 pages: garbled text"):
         parse_document(data, "lathe.pdf", limits=PdfLimits(ocr=False))
-    # a few unmapped glyphs on a page of text are no reason to OCR it
-    mixed = read_pdf(
-        unmapped_pdf(1, plain="Belts and pulleys of the old lathe, and how to tension them."),
-        "belts.pdf",
-        PdfLimits(ocr=False),
-    )
-    assert mixed.flagged == mixed.unmapped == () and "pulleys" in mixed.pages[0]
+    # reasons that differ are counted, the commonest first
+    mixed = unmapped_pdf(blank=1)
+    with pytest.raises(
+        InvalidArgument, match=r"\(2 of 3 pages: garbled .*; 1 of 3 pages: no text\)"
+    ):
+        parse_document(mixed, "lathe.pdf", limits=PdfLimits(ocr=False))
+    # a few unmapped glyphs on a page of text are no reason to OCR it or leave it out
+    prose = "Belts and pulleys of the old lathe, and how to tension them. " * 8
+    few = read_pdf(unmapped_pdf(1, plain=prose, unmapped="x2"), "belts.pdf", PdfLimits(ocr=False))
+    assert few.flagged == few.unmapped == () and "pulleys" in few.pages[0]
+    # enough of them to sink the page's quality: read by OCR where it can be, named if not
+    some = unmapped_pdf(1, plain=prose[:180])
+    sunk = read_pdf(some, "belts.pdf", PdfLimits(ocr=False))
+    assert sunk.flagged == sunk.unmapped == (1,)
+    assert sunk.flag_reasons()[1].startswith("garbled text (its fonts map")
 
 
 @pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs tesseract-ocr (make setup)")
@@ -348,6 +362,13 @@ def test_a_font_without_a_unicode_map_is_read_by_ocr() -> None:
     budget = read_pdf(unmapped_pdf(), "lathe.pdf", PdfLimits(max_ocr_pages=1))
     assert budget.ocr_pages == (1,) and budget.unmapped == budget.flagged == (2,)
     assert "MAX_OCR_PAGES" in budget.flag_reasons()[2]
+    prose = "Belts and pulleys of the old lathe, and how to tension them. "
+    some = read_pdf(unmapped_pdf(1, plain=prose * 3), "belts.pdf")
+    assert some.ocr_pages == (1,) and not some.flagged
+    assert "pulleys" in some.pages[0] and "spindle" in some.pages[0]
+    # nothing for OCR to see either: said so, not "scanned"
+    with pytest.raises(InvalidArgument, match="its fonts map the text to no characters, and OCR"):
+        read_pdf(unmapped_pdf(invisible=True), "ghost.pdf")
 
 
 def scanned_pdf(path: Path, text_page: str = "", size: tuple[int, int] = (612, 792)) -> Path:
