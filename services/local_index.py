@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
 from ragline.types import Chunk
 from retriever.backend import IndexBackend
 from retriever.indexer import Indexer
-from retriever.store import check_utf8
+from retriever.store import IndexStore, check_utf8
 from services.paths import PathPolicy
 from services.stages import IndexInfo
 
@@ -93,47 +94,58 @@ def _log_failure(job: asyncio.Future[Any]) -> None:
 CHANGED = "changed while this request ran (another write to it landed first): ingest it again"
 
 
+WRITER_THREADS = 2
+"""``Ingest`` requests whose documents are parsed and encoded at once (more wait their turn):
+each encode already uses every core it is given, and a third would only add memory."""
+
+
 class _Commits:
     """The sink an ``Ingest`` request's batch job writes through: each document is encoded
     outside the writers' lock and committed under it, so a long request holds the lock for
     one commit at a time, not for its whole run (a delete, or another request's small upload,
-    waits seconds, not the minutes a large manual takes to encode).
+    waits for one commit, not for the minutes a large manual takes to encode).
 
     What the batch job decided about a document (new or a replacement, not held by another
     path, source or collection) it decided from reads through this sink; each document's
     first read is remembered, and under the lock the commit goes ahead only while that still
     holds (and the document is still the caller's to change): else it fails with
-    :data:`CHANGED`, nothing written. Blocking: called from the batch job's thread."""
+    :data:`CHANGED`, nothing written. Found exactly as this commit would leave it (the same
+    upload sent twice at once), it succeeds without writing; once ``stop`` is set it writes
+    nothing more. Blocking: called from the batch job's thread, which runs on the index's own
+    writer threads, never the event loop's default pool (the commit needs one of those)."""
 
     def __init__(
-        self, index: LocalIndex, loop: asyncio.AbstractEventLoop, allowed: frozenset[str] | None
+        self,
+        index: LocalIndex,
+        loop: asyncio.AbstractEventLoop,
+        allowed: frozenset[str] | None,
+        stop: threading.Event,
     ) -> None:
         self.index = index
         self.indexer = index.indexer
         self.loop = loop
         self.allowed = allowed
+        self.stop = stop
         self._seen: dict[str, tuple[str | None, str | None, str | None]] = {}
 
     def _state(self, doc_id: str) -> tuple[str | None, str | None, str | None]:
         i = self.indexer
         return i.content_hash_of(doc_id), i.collection_of(doc_id), i.path_of(doc_id)
 
-    def _seen_now(self, doc_id: str) -> None:
+    def _seen_now(self, doc_id: str) -> tuple[str | None, str | None, str | None]:
         if doc_id not in self._seen:
             self._seen[doc_id] = self._state(doc_id)
+        return self._seen[doc_id]
 
     # -- DocumentSink ------------------------------------------------------------------------
     def content_hash_of(self, doc_id: str) -> str | None:
-        self._seen_now(doc_id)
-        return self._seen[doc_id][0]
+        return self._seen_now(doc_id)[0]
 
     def collection_of(self, doc_id: str) -> str | None:
-        self._seen_now(doc_id)
-        return self._seen[doc_id][1]
+        return self._seen_now(doc_id)[1]
 
     def path_of(self, doc_id: str) -> str | None:
-        self._seen_now(doc_id)
-        return self._seen[doc_id][2]
+        return self._seen_now(doc_id)[2]
 
     def put(
         self,
@@ -153,13 +165,28 @@ class _Commits:
         async with self.index._lock:
             await asyncio.shield(asyncio.to_thread(self._checked_commit, doc_id, *encoded))
 
-    def _checked_commit(self, doc_id: str, *encoded: Any) -> None:
+    def _checked_commit(
+        self,
+        doc_id: str,
+        content_hash: str,
+        chunks: Sequence[Chunk],
+        rows: Any,
+        vectors: Any,
+    ) -> None:
         """Under the writers' lock, in a worker thread (a backend's reads may be remote)."""
+        if self.stop.is_set():
+            raise FailedPrecondition(STOPPED)
+        store = self.indexer.store
+        if isinstance(store, IndexStore):
+            store.refresh()  # what `ragline ingest` in another process committed meanwhile
         now = self._state(doc_id)
+        first = chunks[0] if chunks else None
+        if first is not None and now == (content_hash, first.collection, first.path):
+            return  # already there, as this commit would leave it
         foreign = self.allowed is not None and now[1] not in (None, *self.allowed)
-        if foreign or now != self._seen.get(doc_id, now):
+        if foreign or doc_id not in self._seen or now != self._seen[doc_id]:
             raise FailedPrecondition(f"document {doc_id!r} {CHANGED}")
-        self.indexer.commit(doc_id, *encoded)
+        self.indexer.commit(doc_id, content_hash, chunks, rows, vectors)
 
 
 class LocalIndex:
@@ -194,13 +221,18 @@ class LocalIndex:
         """Uploads are parsed in worker processes too (0 workers: in this process)."""
         self.path_policy = path_policy or PathPolicy()
         self._lock = asyncio.Lock()
+        self._writers = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="ragline-ingest")
+        """Where ``Ingest`` requests parse and encode: not the loop's default pool, which their
+        commits (and every other blocking call of the service) run on."""
         self._listeners: list[Callable[[], object]] = []
         self._known: tuple[int, dict[str, tuple[int, int]]] = (-1, {})
 
     def close(self) -> None:
-        """Stop the upload parsers' worker processes."""
+        """Stop the upload parsers' worker processes and the writer threads (a job still
+        running finishes its document first)."""
         if self._uploads is not None:
             self._uploads.close()
+        self._writers.shutdown(wait=False, cancel_futures=True)
 
     def on_change(self, listener: Callable[[], object]) -> None:
         """Call ``listener`` (blocking; from a worker thread) after every change of the
@@ -347,19 +379,23 @@ class LocalIndex:
         report = IngestReport()
         if stop.is_set():  # cancelled before it started: nothing to do
             return report
-        sink = _Commits(self, asyncio.get_running_loop(), allowed)
+        loop = asyncio.get_running_loop()
+        sink = _Commits(self, loop, allowed, stop)
         foreign = [f for f in files if self._foreign(f.name, allowed, sink)]
         files = [f for f in files if f not in foreign]
         try:
             if files:  # the batch job itself: size limit, duplicate ids, same-name guard
-                report = await asyncio.to_thread(
-                    self._batch,
-                    files,
-                    False,
-                    collection=collection,
-                    replace_other_paths=replace_other_paths,
-                    stop=stop,
-                    sink=sink,
+                report = await loop.run_in_executor(
+                    self._writers,
+                    functools.partial(
+                        self._batch,
+                        files,
+                        False,
+                        collection=collection,
+                        replace_other_paths=replace_other_paths,
+                        stop=stop,
+                        sink=sink,
+                    ),
                 )
             report.results[:0] = [_taken(str(f)) for f in foreign]
             report.results += await self._ingest_uploads(
@@ -395,16 +431,19 @@ class LocalIndex:
             if stop.is_set():
                 results.append(FileResult(name, "", "failed", reason=STOPPED))
                 continue
-            result = await asyncio.to_thread(
-                ingest_one,
-                data,
-                name,
-                sink,
-                self.chunker,
-                self.pdf_limits,
-                collection,
-                replace,
-                None if self._uploads is None else functools.partial(self._uploads, stop=stop),
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._writers,
+                functools.partial(
+                    ingest_one,
+                    data,
+                    name,
+                    sink,
+                    self.chunker,
+                    self.pdf_limits,
+                    collection,
+                    replace,
+                    None if self._uploads is None else functools.partial(self._uploads, stop=stop),
+                ),
             )
             results.append(result)
         return results

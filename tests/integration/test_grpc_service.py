@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -363,7 +364,8 @@ async def test_a_document_another_write_changed_meanwhile_is_not_committed(
     index = LocalIndex(make_indexer(tmp_path / "index", encoder), workers=0)
     index.warm_up()
     loop = asyncio.get_running_loop()
-    first, second = _Commits(index, loop, None), _Commits(index, loop, None)
+    never = threading.Event()
+    first, second = _Commits(index, loop, None, never), _Commits(index, loop, None, never)
     one = write_pdf(tmp_path / "a" / "twin.pdf", ["The twin kiln fires at 1200 degrees."])
     two = write_pdf(tmp_path / "b" / "twin.pdf", ["The twin kiln cools for a day."])
     assert second.content_hash_of("twin") is None  # what the second request reads: new
@@ -377,6 +379,36 @@ async def test_a_document_another_write_changed_meanwhile_is_not_committed(
         "The twin kiln fires at 1200 degrees."
     ]
     index.close()
+
+
+async def test_many_ingest_requests_at_once_all_land_and_leave_the_service_answering(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    """More requests than the event loop's default threads: each waits its turn on the index's
+    own writer threads, so their commits (on the default threads) always find one. The same
+    upload sent twice at once lands once, and neither is told it failed."""
+    from services.local_index import LocalIndex
+
+    index = LocalIndex(make_indexer(tmp_path / "index", encoder), workers=0)
+    index.warm_up()
+    try:
+        many = (os.cpu_count() or 1) + 8  # the default pool holds min(32, cpus + 4)
+        notes = [
+            (f"kiln-note-{n}.pdf", write_pdf(tmp_path / f"k{n}.pdf", [f"Kiln note {n}: hot."]))
+            for n in range(many)
+        ]
+        requests = [index.ingest([], [(name, path.read_bytes())]) for name, path in notes]
+        twin = write_pdf(tmp_path / "twin.pdf", ["The twin kiln cools for a day."]).read_bytes()
+        requests += [index.ingest([], [("kiln-twin.pdf", twin)]) for _ in range(2)]
+        replies = await asyncio.wait_for(asyncio.gather(*requests), timeout=240)
+        statuses = [r.status for report, _ in replies for r in report.results]
+        assert statuses[:many] == ["ingested"] * many
+        assert sorted(statuses[many:]) in (["ingested", "ingested"], ["ingested", "unchanged"])
+        # and a blocking call of the service still finds a thread at once
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: 1), timeout=5) == 1
+        assert (await index.delete("kiln-twin"))[0] == 1
+    finally:
+        index.close()
 
 
 async def test_off_topic_question_is_insufficient_without_the_model(channel) -> None:  # type: ignore[no-untyped-def]
