@@ -383,6 +383,7 @@ class LocalIndex:
         sink = _Commits(self, loop, allowed, stop)
         foreign = [f for f in files if self._foreign(f.name, allowed, sink)]
         files = [f for f in files if f not in foreign]
+        done = False
         try:
             if files:  # the batch job itself: size limit, duplicate ids, same-name guard
                 report = await loop.run_in_executor(
@@ -401,9 +402,16 @@ class LocalIndex:
             report.results += await self._ingest_uploads(
                 documents, collection, replace_other_paths, report.results, allowed, stop, sink
             )
+            done = True
         finally:
             async with self._lock:
-                await asyncio.to_thread(self._changed)
+                try:
+                    await asyncio.to_thread(self._changed)
+                except Exception:
+                    if done:
+                        raise
+                    # the job's own error is what the caller hears about
+                    logger.exception("a listener failed after an ingest that failed")
         return report
 
     async def _ingest_uploads(

@@ -411,6 +411,33 @@ async def test_many_ingest_requests_at_once_all_land_and_leave_the_service_answe
         index.close()
 
 
+async def test_a_failing_listener_does_not_hide_the_error_of_the_ingest_itself(
+    tmp_path: Path, encoder: SpladeEncoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.local_index import LocalIndex
+
+    index = LocalIndex(make_indexer(tmp_path / "index", encoder), workers=0)
+    index.warm_up()
+
+    def listener() -> None:
+        raise ValueError("the listener broke")
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("the job broke")
+
+    index.on_change(listener)
+    monkeypatch.setattr(index, "_ingest_uploads", broken)
+    try:
+        with pytest.raises(RuntimeError, match="the job broke"):
+            await index.ingest([], [("kiln.pdf", b"%PDF-1.7")])
+        monkeypatch.undo()  # the job works again: the listener's own error is heard
+        note = write_pdf(tmp_path / "kiln.pdf", ["The kiln is hot."]).read_bytes()
+        with pytest.raises(ValueError, match="the listener broke"):
+            await index.ingest([], [("kiln.pdf", note)])
+    finally:
+        index.close()
+
+
 async def test_off_topic_question_is_insufficient_without_the_model(channel) -> None:  # type: ignore[no-untyped-def]
     stub = ragline_pb2_grpc.RaglineStub(channel)
     reply = await stub.Answer(
