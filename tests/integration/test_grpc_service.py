@@ -20,6 +20,7 @@ from grpc_status import rpc_status
 
 from generator.core import AnswerGenerator
 from generator.transformers_backend import TransformersBackend
+from ingest.batch import run_batch
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import SpladeEncoder
 from services.build import build_gateway
@@ -379,6 +380,45 @@ async def test_a_document_another_write_changed_meanwhile_is_not_committed(
         "The twin kiln fires at 1200 degrees."
     ]
     index.close()
+
+
+async def test_a_commit_checks_what_another_process_wrote_and_whether_its_caller_left(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    """The check under the lock first picks up what `ragline ingest` in another process
+    committed to the same folder; and once the request's caller has left, nothing more is
+    written."""
+    from ingest.batch import STOPPED, ingest_one
+    from services.local_index import CHANGED, LocalIndex, _Commits
+
+    index = LocalIndex(make_indexer(tmp_path / "index", encoder), workers=0)
+    index.warm_up()
+    loop = asyncio.get_running_loop()
+    try:
+        upload = _Commits(index, loop, None, threading.Event())
+        assert upload.content_hash_of("lathe") is None  # read: a new document
+        other = make_indexer(tmp_path / "index", encoder)  # the CLI's, on the same folder
+        other.load()
+        cli = write_pdf(tmp_path / "docs" / "lathe.pdf", ["The lathe belt is leather."])
+        assert (await asyncio.to_thread(run_batch, [cli], other, progress=False)).results[
+            0
+        ].status == "ingested"
+        mine = write_pdf(tmp_path / "lathe.pdf", ["The lathe belt is rubber."]).read_bytes()
+        refused = await asyncio.to_thread(ingest_one, mine, "lathe.pdf", upload)
+        assert refused.status == "failed" and CHANGED in refused.reason
+        assert [c.text for c in index.store.documents()["lathe"][1]] == [
+            "The lathe belt is leather."
+        ]
+        left = threading.Event()
+        late = _Commits(index, loop, None, left)
+        assert late.content_hash_of("kiln") is None
+        left.set()  # the caller went away while the document was encoded
+        note = write_pdf(tmp_path / "kiln.pdf", ["The kiln is hot."]).read_bytes()
+        stopped = await asyncio.to_thread(ingest_one, note, "kiln.pdf", late)
+        assert stopped.status == "failed" and STOPPED in stopped.reason
+        assert index.store.content_hash_of("kiln") is None
+    finally:
+        index.close()
 
 
 async def test_many_ingest_requests_at_once_all_land_and_leave_the_service_answering(
