@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import statistics
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,7 +81,9 @@ class PdfLimits:
     parse_timeout_s: float = 1800.0
     """Seconds one document may take to parse in a worker process (0: no bound); a parse
     past it (stuck inside the PDF library, say) ends its worker and the file fails. Parsing in
-    the calling process (0 workers) is not bounded."""
+    the calling process (0 workers) is not bounded. OCR starts no page past
+    :data:`OCR_TIME_SHARE` of it, in either case, so a long scanned document lands with the
+    pages read in time instead of failing whole."""
 
 
 TABLE_MARK = "[[ragline-table-{}]]"
@@ -114,6 +117,11 @@ class ParsedDocument:
     """1-based pages whose text came from OCR."""
     unreadable: tuple[int, ...] = ()
     """1-based pages with no text layer that could not be OCR'd (Tesseract not installed)."""
+    out_of_time: tuple[int, ...] = ()
+    """1-based pages (among ``unreadable`` and ``unmapped``) not OCR'd because the document's
+    OCR time ran out (:data:`OCR_TIME_SHARE`)."""
+    ocr_seconds: float = 0.0
+    """The OCR time the document had (for the reason of ``out_of_time`` pages)."""
     unmapped: tuple[int, ...] = ()
     """1-based pages left out whose text layer is glyphs its fonts map to no character
     (:func:`_unmapped`): not OCR'd, or OCR'd without reading anything."""
@@ -135,10 +143,13 @@ class ParsedDocument:
         """Why each flagged page was left out."""
         reasons = {}
         for n in self.flagged:
+            not_ocrd = NOT_OCRD
+            if n in self.out_of_time:
+                not_ocrd = OCR_OUT_OF_TIME.format(share=OCR_TIME_SHARE, seconds=self.ocr_seconds)
             if n in self.unreadable:
-                reasons[n] = f"no text layer, {NOT_OCRD}"
+                reasons[n] = f"no text layer, {not_ocrd}"
             elif n in self.unmapped:
-                read = "and OCR read nothing usable" if n in self.ocr_pages else NOT_OCRD
+                read = "and OCR read nothing usable" if n in self.ocr_pages else not_ocrd
                 reasons[n] = f"{UNMAPPED}, {read}"
             elif n in self.navigation:
                 reasons[n] = "table of contents or index (page references, no content)"
@@ -160,6 +171,19 @@ def outline_of(doc: pymupdf.Document) -> tuple[tuple[int, str, int], ...]:
 
 UNMAPPED = "garbled text (its fonts map the glyphs to no characters)"
 NOT_OCRD = "not OCR'd (OCR off, tesseract-ocr not installed, or past RAGLINE_INGEST_MAX_OCR_PAGES)"
+OCR_TIME_SHARE = 0.75
+"""OCR starts no page once a document's parse has run this share of the parse timeout
+(``PdfLimits.parse_timeout_s``): at seconds a page, a few hundred scanned pages would run into
+the timeout, and the whole file would fail after it. The rest of the parse (the pages after,
+chunking) has the remaining quarter."""
+OCR_OUT_OF_TIME = (
+    "not OCR'd: the document's OCR time ran out ({share:.0%} of RAGLINE_INGEST_PARSE_TIMEOUT_S, "
+    "{seconds:g} s; raise it and ingest the file again)"
+)
+OCR_CUT = "+ocr-cut"
+"""Ends the identity (``ParsedDocument.content_hash``) of a document whose OCR ran out of time:
+it never equals the identity of the file's bytes, so the next ingest parses the file again
+and reads the pages left out, if time allows then."""
 
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _SPACES = re.compile(r"[ \t\u00a0]+")
@@ -227,6 +251,7 @@ def read_pdf(
     Raises:
         InvalidArgument: not a PDF, corrupt, encrypted, empty, over the limits, or no text.
     """
+    started = time.monotonic()
     limits = limits or PdfLimits()
     name = utf8_name(name)
 
@@ -254,7 +279,7 @@ def read_pdf(
         metadata_title = seen_text(_CONTROL.sub(" ", str((doc.metadata or {}).get("title") or "")))
         truncated = bool(doc.is_repaired) and _cut_short(data)
         try:
-            extracted = _extract(doc, limits)
+            extracted = _extract(doc, limits, started)
             outline = outline_of(doc)
         except Exception as exc:
             raise bad(f"corrupt PDF: text extraction failed ({_library_says(exc, name)})") from exc
@@ -276,10 +301,12 @@ def read_pdf(
         if not text or q < limits.min_quality or n in navigation
     )
     pages = tuple("" if n in flagged else text for n, text in enumerate(pages, start=1))
+    identity = document_identity(data, settings_key)
+    out_of_time = tuple(n for n in extracted.out_of_time if n in flagged)
     return ParsedDocument(
         doc_id=doc_id or doc_id_for(name),
         source=Path(name).name,
-        content_hash=document_identity(data, settings_key),
+        content_hash=identity + OCR_CUT if out_of_time else identity,
         pages=pages,
         titles=extracted.titles,
         outline=outline,
@@ -288,6 +315,8 @@ def read_pdf(
         tables=extracted.tables,
         ocr_pages=extracted.ocr_pages,
         unreadable=tuple(n for n in extracted.unreadable if n in flagged),
+        out_of_time=out_of_time,
+        ocr_seconds=extracted.ocr_seconds,
         unmapped=tuple(n for n in extracted.unmapped if n in flagged),
         textless=tuple(
             n
@@ -319,6 +348,9 @@ def _why_no_text(doc: pymupdf.Document, extracted: _Extracted, truncated: bool) 
     text layer and no image."""
     if truncated:
         return TRUNCATED
+    if extracted.out_of_time:
+        late = OCR_OUT_OF_TIME.format(share=OCR_TIME_SHARE, seconds=extracted.ocr_seconds)
+        return f"scanned or image-only pages {late}"
     if extracted.unmapped:  # OCR'd (else its text would be there), and nothing read
         return "its fonts map the text to no characters, and OCR read none of it"
     if extracted.unreadable or extracted.ocr_pages or any(map(_has_image, doc.pages())):
@@ -441,13 +473,18 @@ class _Extracted:
     ocr_available: bool
     running: tuple[tuple[str, int], ...] = ()
     unmapped: tuple[int, ...] = ()
+    out_of_time: tuple[int, ...] = ()
+    ocr_seconds: float = 0.0
 
 
-def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
+def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extracted:
     """Page texts in reading order without running headers/footers, with table marks; outline
-    title paths; quality scores; tables; OCR'd and unreadable pages."""
+    title paths; quality scores; tables; OCR'd and unreadable pages. ``started``: when the
+    document's parse began (``time.monotonic``), for the OCR time (:data:`OCR_TIME_SHARE`)."""
     flags = pymupdf.TEXT_DEHYPHENATE
     tessdata = _tessdata() if limits.ocr else None
+    ocr_seconds = OCR_TIME_SHARE * limits.parse_timeout_s if limits.parse_timeout_s > 0 else 0.0
+    out_of_time: list[int] = []
     pages: list[list[Block]] = []
     heights: list[float] = []
     tables: list[Table] = []
@@ -514,9 +551,12 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
         if garbled:
             unmapped.append(number)
         if garbled or (not raw and _has_image(page)):
-            if tessdata is None or len(ocr_pages) >= limits.max_ocr_pages:
+            late = bool(ocr_seconds) and time.monotonic() - started >= ocr_seconds
+            if tessdata is None or len(ocr_pages) >= limits.max_ocr_pages or late:
                 if not garbled:
                     unreadable.append(number)
+                if late and tessdata is not None and len(ocr_pages) < limits.max_ocr_pages:
+                    out_of_time.append(number)
             else:
                 textpage = page.get_textpage_ocr(
                     flags=flags,
@@ -575,6 +615,8 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits) -> _Extracted:
         ocr_available=tessdata is not None,
         running=removed_lines(pages, heights, running),
         unmapped=tuple(unmapped),
+        out_of_time=tuple(out_of_time),
+        ocr_seconds=ocr_seconds,
     )
 
 

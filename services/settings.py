@@ -295,7 +295,9 @@ class IngestSettings(BaseSettings):
         le=MAX_DEADLINE_S,
         description="Seconds one document may take to parse in a worker process (0 = no "
         "bound): past it the worker is stopped and the file fails, so a PDF that stalls the "
-        "parser cannot hold the index's writers. With 0 workers parsing is not bounded.",
+        "parser cannot hold the index's writers. With 0 workers parsing is not bounded. OCR "
+        "starts no page past 75% of it (either way): a long scanned document lands with the "
+        "pages read in time, the rest named in the report, and is parsed again next ingest.",
     )
     worker_memory_mib: int = Field(
         4096,

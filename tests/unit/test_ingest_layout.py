@@ -282,6 +282,48 @@ def test_ocr_stops_at_the_page_budget_and_says_so(tmp_path: Path) -> None:
     assert full.ocr_pages == (2, 3) and not full.flagged
 
 
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs tesseract-ocr (make setup)")
+def test_ocr_stops_before_the_parse_timeout_and_the_file_is_parsed_again_next_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of scanned pages at seconds each would run into the parse timeout, and the
+    whole file would fail: past a share of it OCR starts no page, the pages read so far land,
+    the rest are named with the reason, and the document's identity is not its bytes' (the
+    next ingest parses it again instead of calling it unchanged)."""
+    from types import SimpleNamespace
+
+    import ingest.pdf
+    from ingest.pdf import OCR_CUT, OCR_TIME_SHARE, document_identity
+
+    path = scanned_pdf(tmp_path / "scans.pdf", text_page="A normal page of text.")
+    doc = pymupdf.open(path)
+    doc.fullcopy_page(1)  # a second scanned page
+    doc.saveIncr()
+    doc.close()
+    data = path.read_bytes()
+    ticks = iter(range(0, 1000, 10))  # each look at the clock is 10 s later
+    monkeypatch.setattr(ingest.pdf, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    # parse starts at 0; page 2 is looked at 10 s in, page 3 20 s in; OCR time 15 s
+    read = read_pdf(data, path.name, PdfLimits(parse_timeout_s=15 / OCR_TIME_SHARE))
+    assert read.ocr_pages == (2,) and read.flagged == (3,) and read.out_of_time == (3,)
+    assert "frobnicator" in read.pages[1].lower()
+    why = read.flag_reasons()[3]
+    assert "OCR time ran out" in why and "PARSE_TIMEOUT_S, 15 s" in why, why
+    assert read.content_hash == document_identity(data) + OCR_CUT
+    ticks = iter(range(0, 1000, 10))
+    late = read_pdf(data, path.name, PdfLimits(parse_timeout_s=1 / OCR_TIME_SHARE))
+    assert late.ocr_pages == () and late.out_of_time == (2, 3)
+    monkeypatch.undo()
+    full = read_pdf(data, path.name)  # the default timeout: both pages read in time
+    assert full.ocr_pages == (2, 3) and not full.flagged
+    assert full.content_hash == document_identity(data) and not full.out_of_time
+    with pytest.raises(InvalidArgument, match="image-only pages not OCR'd: the document's OCR"):
+        only = scanned_pdf(tmp_path / "only.pdf")
+        read_pdf(only.read_bytes(), only.name, PdfLimits(parse_timeout_s=1e-9))
+    none = read_pdf(data, path.name, PdfLimits(parse_timeout_s=0))  # unbounded: no OCR bound
+    assert none.ocr_pages == (2, 3)
+
+
 def test_a_huge_page_is_ocrd_at_a_bounded_resolution() -> None:
     """A page may declare any size in a few bytes: its OCR rendering stays within
     OCR_MAX_PIXELS, while a normal page keeps 300 dpi."""
