@@ -9,7 +9,7 @@ QUESTIONS ?= data/credibility/*.jsonl
 EVAL ?= ../shared/eval/dev.jsonl
 EVAL_OUT ?= var/eval-dev
 
-.PHONY: run test setup redis corpus ingest credibility serve eval lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security bench-writers bench-load bench-soak reliability cluster lock clean
+.PHONY: run test setup redis corpus ingest credibility serve eval lint typecheck proto proto-check unit integration bench bench-retrieval bench-backends bench-credibility bench-encode bench-graph bench-ingest bench-generate bench-security bench-writers bench-upload bench-load bench-soak reliability cluster lock clean
 
 ## run: install, start Redis if none answers, fetch + ingest the R manuals, train the
 ##      credibility classifier once (~5 min), serve on :$(PORT)
@@ -135,6 +135,11 @@ bench-security: setup redis
 
 bench-writers: setup
 	$(BIN)/python bench/writers.py
+
+## bench-upload: `ragline upload` of six PDFs to a loopback server, one file at a time
+##      against two in flight (--jobs)
+bench-upload: setup redis
+	$(BIN)/python bench/upload.py
 
 ## bench-load: Retrieve on loopback, one process against every role its own process
 ##      (1/8/32/128 callers, cache hits and misses), what each hop adds, /metrics while loaded

@@ -174,6 +174,8 @@ other status (no server, no permission, a deadline) ends the run."""
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
+    import queue
+
     from tqdm import tqdm
 
     from ingest.batch import FileResult, IngestReport, duplicate_uploads, expand_paths
@@ -190,13 +192,24 @@ def cmd_upload(args: argparse.Namespace) -> int:
     refused = duplicate_uploads([utf8_name(f.name) for f in files])
     stub = _stub(args)
     landed = None
-    bar = tqdm(files, desc="upload", unit="file", disable=args.quiet or not files)
-    try:
-        for position, path in enumerate(bar):
+    outcomes: dict[int, list[FileResult]] = {}  # by position: the report keeps the order given
+    calls: dict[int, grpc.Future] = {}  # at most --jobs files in flight (and in memory)
+    finished: queue.SimpleQueue[int] = queue.SimpleQueue()  # positions, as their calls end
+    ended: grpc.RpcError | None = None  # a status that ends the run: no file is sent after it
+    waiting = iter(enumerate(files))
+    bar = tqdm(total=len(files), desc="upload", unit="file", disable=args.quiet or not files)
+
+    def settled(position: int, results: list[FileResult]) -> None:
+        outcomes[position] = results
+        bar.update(1)
+
+    def send_next() -> bool:
+        """Start the next file's call (False: none left). Files refused or unreadable here
+        are settled on the way, without a call."""
+        for position, path in waiting:
             source = utf8_name(path)
-            bar.set_postfix_str(utf8_name(path.name))
             if position in refused:
-                report.results.append(replace(refused[position], source=source))
+                settled(position, [replace(refused[position], source=source)])
                 continue
             try:
                 size = path.stat().st_size
@@ -207,33 +220,53 @@ def cmd_upload(args: argparse.Namespace) -> int:
                     )
                 data = path.read_bytes()
             except OSError as exc:
-                reason = _why(exc)
-                report.results.append(FileResult(source, "", "failed", reason=reason))
+                settled(position, [FileResult(source, "", "failed", reason=_why(exc))])
                 continue
+            bar.set_postfix_str(utf8_name(path.name))
             document = ragline_pb2.Document(name=utf8_name(path.name), content=data)
             request = ragline_pb2.IngestRequest(
                 documents=[document],
                 collection=args.collection,
                 replace_other_paths=args.replace_other_paths,
             )
+            call = stub.Ingest.future(request, timeout=args.timeout)
+            calls[position] = call
+            call.add_done_callback(lambda _, at=position: finished.put(at))
+            return True
+        return False
+
+    try:
+        while ended is None and len(calls) < args.jobs and send_next():
+            pass
+        while calls:
+            position = finished.get()
+            call = calls.pop(position)
+            source = utf8_name(files[position])
             try:
-                reply = stub.Ingest(request, timeout=args.timeout)
+                reply = call.result()
             except grpc.RpcError as exc:
                 if exc.code() not in _PER_FILE:
-                    raise
+                    ended = ended or exc
+                    continue
                 reason = f"{exc.code().name}: {exc.details()}"
-                report.results.append(FileResult(source, "", "failed", reason=reason))
-                continue
-            got, landed = ingest_from_pb(reply)
-            report.results += [replace(r, source=source) for r in got.results]
-    except grpc.RpcError:  # what was sent before the run ended, then the error (main's)
+                settled(position, [FileResult(source, "", "failed", reason=reason)])
+            else:
+                got, info = ingest_from_pb(reply)
+                settled(position, [replace(r, source=source) for r in got.results])
+                if landed is None or info.generation >= landed.generation:
+                    landed = info
+            while ended is None and len(calls) < args.jobs and send_next():
+                pass
+    finally:  # Ctrl-C: the calls still in flight are cancelled (the server writes no more)
+        for call in calls.values():
+            call.cancel()
         bar.close()
-        if report.results:
-            report.seconds = time.perf_counter() - started
-            _print_report(report, args)
-        raise
-    bar.close()
+    report.results += [r for position in sorted(outcomes) for r in outcomes[position]]
     report.seconds = time.perf_counter() - started
+    if ended is not None:  # what was sent before the run ended, then the error (main's)
+        if report.results:
+            _print_report(report, args)
+        raise ended
     written = _print_report(report, args)
     if landed is not None:
         print(f"server {_target(args)}: generation {landed.generation}, {landed.chunks} chunks")
@@ -755,12 +788,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "upload",
         help="send PDF files or directories to a running server (the Ingest RPC)",
-        description="Upload PDFs to a ragline server, one Ingest call per file, with the "
-        "token and TLS of RAGLINE_SERVER_TOKEN / RAGLINE_SERVER_TLS_*: the server parses, "
-        "chunks and indexes them as `ragline ingest` does locally, and its report comes back "
-        "(status, pages, tables, pages left out and why). A new version of an earlier upload "
-        "(same name, same collection) replaces it; two files of one name in one run: the "
-        "second is refused. Exit 1 if any file failed.",
+        description="Upload PDFs to a ragline server, one Ingest call per file (--jobs of "
+        "them at once), with the token and TLS of RAGLINE_SERVER_TOKEN / "
+        "RAGLINE_SERVER_TLS_*: the server parses, chunks and indexes them as `ragline ingest` "
+        "does locally, and its report comes back (status, pages, tables, pages left out and "
+        "why), in the order the files were named. A new version of an earlier upload (same "
+        "name, same collection) replaces it; two files of one name in one run: the second is "
+        "refused. Exit 1 if any file failed.",
     )
     _files_args(
         p,
@@ -768,6 +802,13 @@ def build_parser() -> argparse.ArgumentParser:
         "into its own)",
         "let an upload replace a same-named document the server ingested from a path, or "
         "from another collection (refused by default)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=_count(1, 16),
+        default=2,
+        help="files in flight at once (default 2: a server parses one while it encodes "
+        "another; each file sent is held in memory until its call ends)",
     )
     _client_args(p, timeout=600.0, timeout_help="deadline of each file's call in seconds")
     p.set_defaults(func=cmd_upload)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -722,6 +723,63 @@ async def test_the_cli_uploads_with_a_limited_token(secured, tokens, tmp_path) -
     other = await upload(target, "--collection=team-b")
     assert other.returncode == 2 and "PERMISSION_DENIED" in other.stderr, other.stderr
     assert "Traceback" not in other.stderr
+
+
+async def test_the_cli_keeps_jobs_files_in_flight_and_reports_them_in_order(  # type: ignore[no-untyped-def]
+    secured, tokens, tmp_path, monkeypatch
+) -> None:
+    """`ragline upload --jobs N`: N calls overlap at the server (never more), and the report
+    lists the files in the order they were named, whichever call ended first."""
+    folder = tmp_path / "batch"
+    # the first file is the longest: with two in flight the short ones end before it
+    write_pdf(folder / "a-loom.pdf", [f"The loom of mill {i} weaves {i} metres." for i in range(9)])
+    for name in ("b-spindle", "c-shuttle", "d-bobbin", "e-heddle"):
+        write_pdf(folder / f"{name}.pdf", [f"The {name[2:]} of the mill is oiled weekly."])
+    gateway = secured.gateway
+    real, now, peak = gateway.ingest, [0], [0]
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        now[0] += 1
+        peak[0] = max(peak[0], now[0])
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            now[0] -= 1
+
+    monkeypatch.setattr(gateway, "ingest", counted)
+
+    async def upload(jobs: str, report: Path) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "services.cli", "upload", str(folder), "-q", "--jobs", jobs]
+            + [f"--target=127.0.0.1:{secured.port}", "--collection=team-a", f"--report={report}"],
+            cwd=ROOT,
+            env=dict(os.environ, RAGLINE_SERVER_TOKEN=tokens["writer_a"]),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    sent = await upload("3", tmp_path / "three.json")
+    assert sent.returncode == 0 and "5 ingested" in sent.stdout, sent.stderr
+    assert peak[0] == 3
+    names = [
+        Path(f["source"]).name for f in json.loads((tmp_path / "three.json").read_text())["files"]
+    ]
+    assert names == sorted(names) and len(names) == 5
+    peak[0] = 0
+    again = await upload("1", tmp_path / "one.json")  # the same bytes: unchanged, one at a time
+    assert again.returncode == 0 and "5 unchanged" in again.stdout, again.stderr
+    assert peak[0] == 1
+    refused = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "services.cli", "upload", str(folder), "--jobs", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "--jobs: 0 must be in [1, 16]" in refused.stderr
 
 
 async def test_limits_hold_on_the_internal_port_and_for_limited_tokens(  # type: ignore[no-untyped-def]
