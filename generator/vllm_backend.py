@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
 RPC_PREFIX = "rpc-"
+_STARTING = threading.Lock()
+"""Held while an engine starts: its start switches the process's environment (``TMPDIR``,
+``VLLM_RPC_BASE_PATH``, the CPU binding), which a second engine starting at once would
+switch under it (its rendezvous file in the other's folder, removed with it)."""
 """The engine's socket folder in its temporary folder: ``rpc-<pid>-<random>``."""
 
 
@@ -88,8 +92,9 @@ class VllmBackend:
         }
 
     def warm_up(self) -> None:
-        """Start the engine (17-30 s on 2 cores for SmolLM2-135M). Safe to call from a thread."""
-        with self._load_lock:
+        """Start the engine (17-30 s on 2 cores for SmolLM2-135M). Safe to call from a thread;
+        two engines of one process start one after the other (:data:`_STARTING`)."""
+        with self._load_lock, _STARTING:
             if self._engine is not None:
                 return
             try:

