@@ -161,9 +161,12 @@ def test_the_engine_keeps_its_sockets_in_a_folder_it_removes(model_dir: Path) ->
     before = {p for p in shared.iterdir() if p.is_socket()}
     stray = set((work / "tmp").glob("vllm_dist_*"))  # an engine killed before this version's
     backend = VllmBackend(str(model_dir), threads=2, work_dir=work)
+    from vllm import AsyncEngineArgs  # noqa: F401  (imported: the start below only waits)
+    from vllm.v1.engine.async_llm import AsyncLLM  # noqa: F401
+
     starting = threading.Thread(target=backend.warm_up)
     with _STARTING:  # another engine of this process is starting: this one waits for it
-        starting.start()  # (vLLM is imported by now: the module's engine started first)
+        starting.start()
         time.sleep(3.0)
         assert backend._rpc_dir is None and starting.is_alive()  # the environment untouched
     starting.join(timeout=600)
