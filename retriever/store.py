@@ -260,6 +260,12 @@ class IndexStore:
         self.sparse_backend = sparse_backend
         self.seismic = seismic
         self._docs: dict[str, _Doc] = {}
+        """The documents a write works on (under the writers' lock)."""
+        self._committed: dict[str, _Doc] = {}
+        """The documents as of :attr:`view` (the last commit or load): what the readers
+        (:meth:`content_hash_of`, :meth:`collection_of`, :meth:`path_of`, :meth:`documents`,
+        :meth:`encoded`) see, so that a write in progress, which may yet roll back, is never
+        read as done. Replaced whole, never changed in place."""
         self._write_lock = threading.Lock()
         self._writing = False
         self._view: IndexView | None = None
@@ -403,7 +409,7 @@ class IndexStore:
 
     def documents(self) -> dict[str, tuple[str, tuple[Chunk, ...]]]:
         """doc id → (content hash, chunks) of the loaded index."""
-        return {d: (doc.content_hash, tuple(doc.chunks)) for d, doc in self._docs.items()}
+        return {d: (doc.content_hash, tuple(doc.chunks)) for d, doc in self._committed.items()}
 
     def encoded(self, doc_id: str) -> tuple[sp.csr_matrix, np.ndarray | None]:
         """A document's stored SPLADE rows and dense vectors (None: dense off or missing), as
@@ -412,7 +418,7 @@ class IndexStore:
         Raises:
             NotFound: no such document.
         """
-        doc = self._docs.get(doc_id)
+        doc = self._committed.get(doc_id)
         if doc is None:
             raise NotFound(f"no document with id {doc_id!r}")
         vectors = None
@@ -462,7 +468,7 @@ class IndexStore:
         return int(current.read_text().strip().lstrip("g") or 0)
 
     def content_hash_of(self, doc_id: str) -> str | None:
-        doc = self._docs.get(doc_id)
+        doc = self._committed.get(doc_id)
         return doc.content_hash if doc else None
 
     def collection_of(self, doc_id: str) -> str | None:
@@ -475,7 +481,7 @@ class IndexStore:
 
     def _first_chunk(self, doc_id: str) -> Chunk | None:
         """A document's first chunk: what every chunk of it shares (collection, path)."""
-        doc = self._docs.get(doc_id)
+        doc = self._committed.get(doc_id)
         return doc.chunks[0] if doc and doc.chunks else None
 
     # -- writing -----------------------------------------------------------------------------
@@ -590,12 +596,12 @@ class IndexStore:
         changes in place and cannot un-add a vector, so a write that changed an existing graph
         rereads the live snapshot: it holds the same graph, as every change is committed.
         """
-        saved = (dict(self._docs), self._hnsw, self._next_slot, self._view)
+        saved = (dict(self._docs), self._hnsw, self._next_slot, self._view, self._committed)
         self._graph_changed = False
         try:
             yield
         except BaseException:
-            self._docs, self._hnsw, self._next_slot, self._view = saved
+            self._docs, self._hnsw, self._next_slot, self._view, self._committed = saved
             if self._graph_changed and saved[1] is not None:
                 self._reread_after_failure()
             raise
@@ -611,10 +617,14 @@ class IndexStore:
         generation = (self._view.generation if self._view else 0) + 1
         view = self._build_view(generation, uuid.uuid4().hex)
         self._write_snapshot(view)
-        self._view = view
+        self._show(view)
 
     def _publish(self, generation: int, snapshot_id: str) -> None:
-        self._view = self._build_view(generation, snapshot_id)
+        self._show(self._build_view(generation, snapshot_id))
+
+    def _show(self, view: IndexView) -> None:
+        """Make ``view`` and the documents it was built from what readers see."""
+        self._view, self._committed = view, dict(self._docs)
 
     def _build_view(self, generation: int, snapshot_id: str) -> IndexView:
         chunks = tuple(c for doc in self._docs.values() for c in doc.chunks)

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
 from ragline.types import Chunk, SparseVector
-from retriever.store import IndexSchema, IndexStore
+from retriever.store import IndexSchema, IndexStore, IndexView
 
 pytestmark = pytest.mark.unit
 
@@ -146,3 +146,51 @@ def test_an_index_without_vectors_loads_without_them_until_they_are_set(tmp_path
     assert reloaded.view.chunks[found[0][0]].chunk_id == "notes-1"
     with pytest.raises(FailedPrecondition, match="off"):
         IndexStore(tmp_path, SPARSE_ONLY).set_dense({}, {})
+
+
+def test_readers_never_see_a_write_in_progress(tmp_path: Path) -> None:
+    """A request deciding "unchanged" or "held by another collection" reads the store without
+    the writers' lock: while another write is between its change in memory and its commit (and
+    may yet roll back), readers see the last commit, and a write that fails is never seen."""
+    import contextlib
+    import threading
+
+    store = IndexStore(tmp_path, SPARSE_ONLY)
+    store.load()
+    store.put_encoded("atlas", "h1", chunks("atlas", 2), rows(2, first_term=10))
+    real_write = store._write_snapshot
+    writing, go_on = threading.Event(), threading.Event()
+    fail = [False]
+
+    def paused(view: IndexView) -> None:
+        writing.set()
+        assert go_on.wait(30)
+        if fail[0]:
+            raise OSError("the disk went away")
+        real_write(view)
+
+    store._write_snapshot = paused  # type: ignore[method-assign]
+    replaced = [
+        Chunk(c.chunk_id, c.doc_id, c.ordinal, c.text, c.pages, collection="other")
+        for c in chunks("atlas", 3)
+    ]
+
+    def write() -> None:
+        with contextlib.suppress(OSError):  # the failing round's
+            store.put_encoded("atlas", "h2", replaced, rows(3, first_term=20))
+
+    for failing, expected in ((True, "h1"), (False, "h2")):
+        fail[0] = failing
+        writing.clear()
+        go_on.clear()
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert writing.wait(30)  # the new document is in memory, its snapshot not yet written
+        assert store.content_hash_of("atlas") == "h1"
+        assert store.collection_of("atlas") == "default"
+        assert store.documents()["atlas"][0] == "h1" and len(store.documents()["atlas"][1]) == 2
+        assert store.encoded("atlas")[0].shape[0] == 2
+        go_on.set()
+        writer.join(30)
+        assert store.content_hash_of("atlas") == expected
+    assert store.collection_of("atlas") == "other" and store.view.generation == 2
