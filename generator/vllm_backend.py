@@ -93,8 +93,11 @@ class VllmBackend:
 
     def warm_up(self) -> None:
         """Start the engine (17-30 s on 2 cores for SmolLM2-135M). Safe to call from a thread;
-        two engines of one process start one after the other (:data:`_STARTING`)."""
-        with self._load_lock, _STARTING:
+        two engines of one process start one after the other (:data:`_STARTING`, taken
+        first: this engine's ``close`` never waits for another engine's start)."""
+        if self._engine is not None:  # started: no wait for another engine's start
+            return
+        with _STARTING, self._load_lock:
             if self._engine is not None:
                 return
             try:

@@ -171,6 +171,11 @@ def test_the_engine_keeps_its_sockets_in_a_folder_it_removes(model_dir: Path) ->
         assert backend._rpc_dir is None and starting.is_alive()  # the environment untouched
     starting.join(timeout=600)
     try:
+        with _STARTING:  # started: warming it up again waits for no other engine's start
+            again = threading.Thread(target=backend.warm_up)
+            again.start()
+            again.join(5)
+            assert not again.is_alive()
         assert not left.exists()
         folder = backend._rpc_dir
         assert folder is not None and folder.parent == (work / "tmp").resolve()
