@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import multiprocessing
 import os
 import re
@@ -37,6 +38,7 @@ from ingest.pdf import (
     doc_id_for,
     document_identity,
     read_pdf,
+    same_version,
     utf8_name,
 )
 from ragline.errors import InvalidArgument, RaglineError, visible
@@ -329,12 +331,21 @@ def _store(
 
 
 def _compare(
-    sink: DocumentSink, doc_id: str, identity: str, collection: str
+    sink: DocumentSink, doc_id: str, identity: str, collection: str, limits: PdfLimits
 ) -> tuple[bool, str | None]:
-    """Whether the sink already holds this version of the document in this collection, and
-    the identity it holds (None: a new document)."""
+    """Whether the sink already holds this version of the document in this collection (as
+    parsing under ``limits`` would give it: :func:`ingest.pdf.same_version`), and the identity
+    it holds (None: a new document)."""
     previous = sink.content_hash_of(doc_id)
-    return previous == identity and sink.collection_of(doc_id) == collection, previous
+    same = same_version(previous, identity, limits)
+    return same and sink.collection_of(doc_id) == collection, previous
+
+
+def in_process(limits: PdfLimits | None) -> PdfLimits:
+    """``limits`` for a parse in the calling process: no timeout stops it, so OCR has no time
+    bound either, unless one was set (an ``Ingest`` request's deadline)."""
+    limits = limits or PdfLimits()
+    return limits if limits.ocr_seconds is not None else replace(limits, ocr_seconds=math.inf)
 
 
 def ingest_one(
@@ -361,8 +372,9 @@ def ingest_one(
     doc_id = ""
     try:
         doc_id = doc_id_for(name)
+        limits = in_process(limits) if parse is None else limits or PdfLimits()
         identity = document_identity(data, settings_key(chunker, limits))
-        unchanged, previous = _compare(sink, doc_id, identity, collection)
+        unchanged, previous = _compare(sink, doc_id, identity, collection, limits)
         if unchanged:
             return FileResult(name, doc_id, "unchanged")  # skip parsing entirely
         if previous is not None and not replace_other_paths:
@@ -754,7 +766,7 @@ class _Planner:
 
     sink: DocumentSink
     key: str
-    max_bytes: int
+    limits: PdfLimits
     collection: str
     replace_other_paths: bool
     seen: dict[str, str] = field(default_factory=dict)
@@ -771,12 +783,12 @@ class _Planner:
         self.seen[doc_id] = source
         try:
             size = path.stat().st_size
-            if size > self.max_bytes:
-                raise OSError(f"{size} bytes is over the limit of {self.max_bytes}")
+            if size > self.limits.max_bytes:
+                raise OSError(f"{size} bytes is over the limit of {self.limits.max_bytes}")
             identity = document_identity(path.read_bytes(), self.key)
         except OSError as exc:
             return FileResult(source, doc_id, "failed", reason=str(exc))
-        unchanged, previous = _compare(self.sink, doc_id, identity, self.collection)
+        unchanged, previous = _compare(self.sink, doc_id, identity, self.collection, self.limits)
         if unchanged:
             return FileResult(source, doc_id, "unchanged")
         if previous is not None and not self.replace_other_paths:
@@ -829,9 +841,10 @@ def run_batch(
     entries = expand_paths(paths, report.warnings)
     for warning in report.warnings:  # the caller shows them (the CLI prints them)
         logger.info("%s", warning)
-    max_bytes = (limits or PdfLimits()).max_bytes
+    if parse_engine is None and workers <= 0:  # parsed here: no timeout stops it
+        limits = in_process(limits)
     planner = _Planner(
-        sink, settings_key(chunker, limits), max_bytes, collection, replace_other_paths
+        sink, settings_key(chunker, limits), limits or PdfLimits(), collection, replace_other_paths
     )
     jobs: list[_Job] = []
     for entry in entries:

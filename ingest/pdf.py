@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -82,8 +83,13 @@ class PdfLimits:
     """Seconds one document may take to parse in a worker process (0: no bound); a parse
     past it (stuck inside the PDF library, say) ends its worker and the file fails. Parsing in
     the calling process (0 workers) is not bounded. OCR starts no page past
-    :data:`OCR_TIME_SHARE` of it, in either case, so a long scanned document lands with the
-    pages read in time instead of failing whole."""
+    :data:`OCR_TIME_SHARE` of it (see :attr:`ocr_seconds`), so a long scanned document lands
+    with the pages read in time instead of failing whole."""
+    ocr_seconds: float | None = None
+    """Seconds into a document's parse after which OCR starts no page (see :func:`ocr_budget`):
+    None = :data:`OCR_TIME_SHARE` of ``parse_timeout_s`` (no bound when that is 0); ``inf``
+    = no bound (parsing in the calling process, where no timeout stops it); an ``Ingest``
+    request sets it from its deadline too."""
 
 
 TABLE_MARK = "[[ragline-table-{}]]"
@@ -120,8 +126,9 @@ class ParsedDocument:
     out_of_time: tuple[int, ...] = ()
     """1-based pages (among ``unreadable`` and ``unmapped``) not OCR'd because the document's
     OCR time ran out (:data:`OCR_TIME_SHARE`)."""
-    ocr_seconds: float = 0.0
-    """The OCR time the document had (for the reason of ``out_of_time`` pages)."""
+    ocr_seconds: float = math.inf
+    """The OCR time the document had (:func:`ocr_budget`; for the reason of ``out_of_time``
+    pages)."""
     unmapped: tuple[int, ...] = ()
     """1-based pages left out whose text layer is glyphs its fonts map to no character
     (:func:`_unmapped`): not OCR'd, or OCR'd without reading anything."""
@@ -145,7 +152,7 @@ class ParsedDocument:
         for n in self.flagged:
             not_ocrd = NOT_OCRD
             if n in self.out_of_time:
-                not_ocrd = OCR_OUT_OF_TIME.format(share=OCR_TIME_SHARE, seconds=self.ocr_seconds)
+                not_ocrd = OCR_OUT_OF_TIME.format(seconds=self.ocr_seconds)
             if n in self.unreadable:
                 reasons[n] = f"no text layer, {not_ocrd}"
             elif n in self.unmapped:
@@ -173,17 +180,40 @@ UNMAPPED = "garbled text (its fonts map the glyphs to no characters)"
 NOT_OCRD = "not OCR'd (OCR off, tesseract-ocr not installed, or past RAGLINE_INGEST_MAX_OCR_PAGES)"
 OCR_TIME_SHARE = 0.75
 """OCR starts no page once a document's parse has run this share of the parse timeout
-(``PdfLimits.parse_timeout_s``): at seconds a page, a few hundred scanned pages would run into
-the timeout, and the whole file would fail after it. The rest of the parse (the pages after,
-chunking) has the remaining quarter."""
+(``PdfLimits.parse_timeout_s``) or of an ``Ingest`` request's deadline: at seconds a page, a
+few hundred scanned pages would run into it, and the whole file would fail. The rest of the
+parse (the pages after, chunking) has the remaining quarter."""
 OCR_OUT_OF_TIME = (
-    "not OCR'd: the document's OCR time ran out ({share:.0%} of RAGLINE_INGEST_PARSE_TIMEOUT_S, "
-    "{seconds:g} s; raise it and ingest the file again)"
+    "not OCR'd: the document's OCR time ran out ({seconds:.0f} s; OCR stops at 75% of "
+    "RAGLINE_INGEST_PARSE_TIMEOUT_S, or of an upload's deadline: give it more time and ingest "
+    "the file again)"
 )
-OCR_CUT = "+ocr-cut"
-"""Ends the identity (``ParsedDocument.content_hash``) of a document whose OCR ran out of time:
-it never equals the identity of the file's bytes, so the next ingest parses the file again
-and reads the pages left out, if time allows then."""
+OCR_CUT = "+ocr-cut@"
+"""In the identity (``ParsedDocument.content_hash``) of a document whose OCR ran out of time,
+between the file's identity and the whole seconds OCR had, then a digest of the text read:
+``<identity>+ocr-cut@1350:<digest>``. Two cut parses that read different text differ, and a
+later ingest with more OCR time parses the file again (:func:`same_version`)."""
+
+
+def ocr_budget(limits: PdfLimits) -> float:
+    """Seconds into a document's parse after which OCR starts no page (``inf``: no bound)."""
+    if limits.ocr_seconds is not None:
+        return limits.ocr_seconds
+    return OCR_TIME_SHARE * limits.parse_timeout_s if limits.parse_timeout_s > 0 else math.inf
+
+
+def same_version(stored: str | None, identity: str, limits: PdfLimits) -> bool:
+    """Whether a stored document (its ``content_hash``) is what parsing the file of
+    ``identity`` under ``limits`` would give: the same identity, or a parse whose OCR ran out
+    with at least the OCR time these limits give (parsing again would read no more)."""
+    if stored == identity:
+        return True
+    if stored is None or not stored.startswith(identity + OCR_CUT):
+        return False
+    had = stored[len(identity + OCR_CUT) :].partition(":")[0]
+    budget = ocr_budget(limits)
+    return had.isdigit() and not math.isinf(budget) and int(had) >= math.floor(budget)
+
 
 _HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
 _SPACES = re.compile(r"[ \t\u00a0]+")
@@ -303,10 +333,13 @@ def read_pdf(
     pages = tuple("" if n in flagged else text for n, text in enumerate(pages, start=1))
     identity = document_identity(data, settings_key)
     out_of_time = tuple(n for n in extracted.out_of_time if n in flagged)
+    if out_of_time:  # what was read is part of it: see OCR_CUT
+        read = hashlib.sha256("\f".join(pages).encode("utf-8", "surrogatepass")).hexdigest()
+        identity += f"{OCR_CUT}{math.floor(extracted.ocr_seconds)}:{read[:16]}"
     return ParsedDocument(
         doc_id=doc_id or doc_id_for(name),
         source=Path(name).name,
-        content_hash=identity + OCR_CUT if out_of_time else identity,
+        content_hash=identity,
         pages=pages,
         titles=extracted.titles,
         outline=outline,
@@ -349,7 +382,7 @@ def _why_no_text(doc: pymupdf.Document, extracted: _Extracted, truncated: bool) 
     if truncated:
         return TRUNCATED
     if extracted.out_of_time:
-        late = OCR_OUT_OF_TIME.format(share=OCR_TIME_SHARE, seconds=extracted.ocr_seconds)
+        late = OCR_OUT_OF_TIME.format(seconds=extracted.ocr_seconds)
         return f"scanned or image-only pages {late}"
     if extracted.unmapped:  # OCR'd (else its text would be there), and nothing read
         return "its fonts map the text to no characters, and OCR read none of it"
@@ -474,7 +507,7 @@ class _Extracted:
     running: tuple[tuple[str, int], ...] = ()
     unmapped: tuple[int, ...] = ()
     out_of_time: tuple[int, ...] = ()
-    ocr_seconds: float = 0.0
+    ocr_seconds: float = math.inf
 
 
 def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extracted:
@@ -483,7 +516,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extra
     document's parse began (``time.monotonic``), for the OCR time (:data:`OCR_TIME_SHARE`)."""
     flags = pymupdf.TEXT_DEHYPHENATE
     tessdata = _tessdata() if limits.ocr else None
-    ocr_seconds = OCR_TIME_SHARE * limits.parse_timeout_s if limits.parse_timeout_s > 0 else 0.0
+    ocr_seconds = ocr_budget(limits)
     out_of_time: list[int] = []
     pages: list[list[Block]] = []
     heights: list[float] = []
@@ -551,7 +584,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extra
         if garbled:
             unmapped.append(number)
         if garbled or (not raw and _has_image(page)):
-            late = bool(ocr_seconds) and time.monotonic() - started >= ocr_seconds
+            late = time.monotonic() - started >= ocr_seconds
             if tessdata is None or len(ocr_pages) >= limits.max_ocr_pages or late:
                 if not garbled:
                     unreadable.append(number)

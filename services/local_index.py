@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,13 @@ from ingest.batch import (
     run_batch,
 )
 from ingest.chunker import ChunkerConfig
-from ingest.pdf import PdfLimits, doc_id_for
+from ingest.pdf import OCR_TIME_SHARE, PdfLimits, doc_id_for, ocr_budget
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
 from ragline.types import Chunk
 from retriever.backend import IndexBackend
 from retriever.indexer import Indexer
 from retriever.store import IndexStore, check_utf8
+from services.deadlines import time_left
 from services.paths import PathPolicy
 from services.stages import IndexInfo
 
@@ -323,8 +325,11 @@ class LocalIndex:
         # worker thread still writes. The job itself stops before its next document: nobody
         # waits for the rest.
         stop = threading.Event()
+        limits = self._request_limits()
         job = asyncio.ensure_future(
-            self._ingest_locked(files, documents, collection, replace_other_paths, allowed, stop)
+            self._ingest_locked(
+                files, documents, collection, replace_other_paths, allowed, stop, limits
+            )
         )
         try:
             report = await asyncio.shield(job)
@@ -345,20 +350,31 @@ class LocalIndex:
             await asyncio.to_thread(self._changed)
         return report
 
+    def _request_limits(self) -> PdfLimits:
+        """The PDF limits of an ``Ingest`` request: OCR also stops at 75% of what is left of
+        its deadline (past it the caller is gone, and nothing it would read is written)."""
+        limits = self.pdf_limits or PdfLimits()
+        left = time_left()
+        if left is None:
+            return limits
+        return replace(limits, ocr_seconds=min(ocr_budget(limits), OCR_TIME_SHARE * left))
+
     def _batch(
         self,
         files: Sequence[str | Path],
         progress: bool,
         sink: DocumentSink | None = None,
+        limits: PdfLimits | None = None,
         **options: Any,
     ) -> IngestReport:
         """The batch job over ``files`` into this index, through ``sink`` (default: straight
-        to the indexer; blocking: from a worker thread)."""
+        to the indexer; blocking: from a worker thread), under ``limits`` (default: the
+        index's)."""
         return run_batch(
             [str(f) for f in files],
             sink or self.indexer,
             self.chunker,
-            self.pdf_limits,
+            limits or self.pdf_limits,
             progress,
             workers=self.workers,
             memory_limit_mb=self.worker_memory_mib,
@@ -373,6 +389,7 @@ class LocalIndex:
         replace_other_paths: bool,
         allowed: frozenset[str] | None,
         stop: threading.Event,
+        limits: PdfLimits,
     ) -> IngestReport:
         """The request's job: documents encoded outside the writers' lock, each committed
         under it (:class:`_Commits`), the listeners told once at the end."""
@@ -396,11 +413,19 @@ class LocalIndex:
                         replace_other_paths=replace_other_paths,
                         stop=stop,
                         sink=sink,
+                        limits=limits,
                     ),
                 )
             report.results[:0] = [_taken(str(f)) for f in foreign]
             report.results += await self._ingest_uploads(
-                documents, collection, replace_other_paths, report.results, allowed, stop, sink
+                documents,
+                collection,
+                replace_other_paths,
+                report.results,
+                allowed,
+                stop,
+                sink,
+                limits,
             )
             done = True
         finally:
@@ -423,6 +448,7 @@ class LocalIndex:
         allowed: frozenset[str] | None,
         stop: threading.Event,
         sink: _Commits,
+        limits: PdfLimits,
     ) -> list[FileResult]:
         """Uploads through the same-name guard as paths: a name taken earlier in this request,
         or by a document from another source, is FAILED (the latter unless ``replace``); once
@@ -447,7 +473,7 @@ class LocalIndex:
                     name,
                     sink,
                     self.chunker,
-                    self.pdf_limits,
+                    limits,
                     collection,
                     replace,
                     None if self._uploads is None else functools.partial(self._uploads, stop=stop),

@@ -296,8 +296,9 @@ class IngestSettings(BaseSettings):
         description="Seconds one document may take to parse in a worker process (0 = no "
         "bound): past it the worker is stopped and the file fails, so a PDF that stalls the "
         "parser cannot hold the index's writers. With 0 workers parsing is not bounded. OCR "
-        "starts no page past 75% of it (either way): a long scanned document lands with the "
-        "pages read in time, the rest named in the report, and is parsed again next ingest.",
+        "starts no page past 75% of it (or of an Ingest request's deadline): a long scanned "
+        "document lands with the pages read in time, the rest named in the report; ingested "
+        "again with more time, it is read again.",
     )
     worker_memory_mib: int = Field(
         4096,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -504,3 +505,42 @@ def test_uploads_parse_in_a_worker_that_may_die_alone(tmp_path: Path, r_manuals:
         assert isinstance(parsers(data, "frob.pdf", None, None, "default"), Parsed)
     finally:
         parsers.close()
+
+
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs tesseract-ocr (make setup)")
+def test_a_document_whose_ocr_ran_out_is_parsed_again_only_with_more_time(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    """A scanned document whose OCR time ran out lands with what was read; ingested again
+    with no more time it is unchanged (the same cut would follow), with more it is read again
+    and replaced; a batch parsing in this process has no OCR bound (no timeout stops it)."""
+    from ingest.batch import ingest_one, settings_key
+    from ingest.pdf import OCR_CUT, document_identity
+    from tests.unit.test_ingest_layout import scanned_pdf
+
+    (tmp_path / "scans").mkdir()
+    path = scanned_pdf(tmp_path / "scans" / "kiln-log.pdf", text_page="The kiln log, page one.")
+    data = path.read_bytes()
+    indexer = make_indexer(tmp_path / "index", encoder)
+    indexer.store.load()
+    hurried = PdfLimits(ocr_seconds=0)  # every scanned page comes too late
+    first = ingest_one(data, path.name, indexer, None, hurried)
+    assert first.status == "ingested" and first.ocr_pages == ()
+    assert "OCR time ran out (0 s" in first.flag_reasons[2], first.flag_reasons
+    stored = indexer.content_hash_of("kiln-log")
+    assert stored is not None and OCR_CUT in stored
+    assert ingest_one(data, path.name, indexer, None, hurried).status == "unchanged"
+    more = ingest_one(data, path.name, indexer, None, PdfLimits(ocr_seconds=600))
+    assert more.status == "replaced" and more.ocr_pages == (2,) and not more.flag_reasons
+    assert indexer.content_hash_of("kiln-log") == document_identity(
+        data, settings_key(None, PdfLimits())
+    )
+    assert ingest_one(data, path.name, indexer, None, hurried).status == "unchanged"
+    # in this process (0 workers) the default limits give OCR no time bound
+    (tmp_path / "index2").mkdir()
+    other = make_indexer(tmp_path / "index2", encoder)
+    other.store.load()
+    report = run_batch(
+        [path.parent], other, None, PdfLimits(parse_timeout_s=1e-9), False, workers=0
+    )
+    assert [r.ocr_pages for r in report.results] == [(2,)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import zlib
@@ -293,7 +294,7 @@ def test_ocr_stops_before_the_parse_timeout_and_the_file_is_parsed_again_next_ti
     from types import SimpleNamespace
 
     import ingest.pdf
-    from ingest.pdf import OCR_CUT, OCR_TIME_SHARE, document_identity
+    from ingest.pdf import OCR_CUT, OCR_TIME_SHARE, document_identity, same_version
 
     path = scanned_pdf(tmp_path / "scans.pdf", text_page="A normal page of text.")
     doc = pymupdf.open(path)
@@ -308,15 +309,26 @@ def test_ocr_stops_before_the_parse_timeout_and_the_file_is_parsed_again_next_ti
     assert read.ocr_pages == (2,) and read.flagged == (3,) and read.out_of_time == (3,)
     assert "frobnicator" in read.pages[1].lower()
     why = read.flag_reasons()[3]
-    assert "OCR time ran out" in why and "PARSE_TIMEOUT_S, 15 s" in why, why
-    assert read.content_hash == document_identity(data) + OCR_CUT
+    assert "OCR time ran out (15 s; OCR stops at 75% of RAGLINE_INGEST_PARSE" in why, why
+    identity = document_identity(data)
+    assert read.content_hash.startswith(f"{identity}{OCR_CUT}15:")
     ticks = iter(range(0, 1000, 10))
     late = read_pdf(data, path.name, PdfLimits(parse_timeout_s=1 / OCR_TIME_SHARE))
     assert late.ocr_pages == () and late.out_of_time == (2, 3)
+    assert late.content_hash.startswith(f"{identity}{OCR_CUT}1:")  # less read: another version
+    # Stored after a cut, the file is unchanged for a parse with no more OCR time, not for one
+    # with more (the default timeout's, or parsing in process without a bound).
+    assert same_version(read.content_hash, identity, PdfLimits(parse_timeout_s=20))
+    assert same_version(read.content_hash, identity, PdfLimits(ocr_seconds=15.9))
+    assert not same_version(read.content_hash, identity, PdfLimits(ocr_seconds=16))
+    assert not same_version(read.content_hash, identity, PdfLimits())
+    assert not same_version(read.content_hash, identity, PdfLimits(ocr_seconds=math.inf))
+    assert not same_version(read.content_hash, document_identity(data + b" "), PdfLimits())
     monkeypatch.undo()
     full = read_pdf(data, path.name)  # the default timeout: both pages read in time
     assert full.ocr_pages == (2, 3) and not full.flagged
-    assert full.content_hash == document_identity(data) and not full.out_of_time
+    assert full.content_hash == identity and not full.out_of_time
+    assert same_version(identity, identity, PdfLimits(ocr_seconds=1))
     with pytest.raises(InvalidArgument, match="image-only pages not OCR'd: the document's OCR"):
         only = scanned_pdf(tmp_path / "only.pdf")
         read_pdf(only.read_bytes(), only.name, PdfLimits(parse_timeout_s=1e-9))

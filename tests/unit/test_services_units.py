@@ -480,3 +480,25 @@ def test_a_remote_stage_is_named_by_its_service_not_its_address() -> None:
 
     assert RemoteGenerator("10.0.0.7:50061", 1.0).model_id == "remote:GeneratorService"
     assert RemoteRetriever("10.0.0.7:50062", 1.0).model_id == "remote:RetrieverService"
+
+
+def test_an_ingest_request_gives_ocr_three_quarters_of_what_is_left_of_its_deadline() -> None:
+    """Past the request's deadline its caller is gone and nothing is written: OCR stops at
+    75% of what is left of it, or of the parse timeout, whichever comes first."""
+    import time
+    from types import SimpleNamespace
+
+    from ingest.pdf import PdfLimits
+    from services.deadlines import current_deadline
+    from services.local_index import LocalIndex
+
+    index = SimpleNamespace(pdf_limits=PdfLimits())
+    assert LocalIndex._request_limits(index).ocr_seconds is None  # type: ignore[arg-type]
+    token = current_deadline.set(time.monotonic() + 600)  # an upload's default deadline
+    try:
+        seconds = LocalIndex._request_limits(index).ocr_seconds  # type: ignore[arg-type]
+        assert seconds is not None and 449 < seconds <= 450
+        index.pdf_limits = PdfLimits(parse_timeout_s=100)
+        assert LocalIndex._request_limits(index).ocr_seconds == 75  # type: ignore[arg-type]
+    finally:
+        current_deadline.reset(token)
