@@ -168,9 +168,13 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-_PER_FILE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED)
-"""Upload refusals that concern the file sent (its name, its size): the others go on. Any
-other status (no server, no permission, a deadline) ends the run."""
+_PER_FILE = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
+"""Upload outcomes that concern the file sent (its name, its size, the time it takes): the
+others go on. Any other status (no server, no permission) ends the run."""
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
@@ -187,29 +191,36 @@ def cmd_upload(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     report = IngestReport()
     entries = expand_paths(args.paths, report.warnings)
-    report.results += [e for e in entries if isinstance(e, FileResult)]
-    files = [e for e in entries if not isinstance(e, FileResult)]
-    refused = duplicate_uploads([utf8_name(f.name) for f in files])
+    files: list[tuple[int, Path]] = [
+        (at, e) for at, e in enumerate(entries) if not isinstance(e, FileResult)
+    ]
+    sources = {at: utf8_name(path) for at, path in files}
+    refused = duplicate_uploads([utf8_name(path.name) for _, path in files])
     stub = _stub(args)
     landed = None
-    outcomes: dict[int, list[FileResult]] = {}  # by position: the report keeps the order given
+    # by position among the entries: the report keeps the order the paths were named
+    outcomes: dict[int, list[FileResult]] = {
+        at: [e] for at, e in enumerate(entries) if isinstance(e, FileResult)
+    }
     calls: dict[int, grpc.Future] = {}  # at most --jobs files in flight (and in memory)
     finished: queue.SimpleQueue[int] = queue.SimpleQueue()  # positions, as their calls end
     ended: grpc.RpcError | None = None  # a status that ends the run: no file is sent after it
     waiting = iter(enumerate(files))
     bar = tqdm(total=len(files), desc="upload", unit="file", disable=args.quiet or not files)
 
-    def settled(position: int, results: list[FileResult]) -> None:
-        outcomes[position] = results
+    def settled(at: int, results: list[FileResult]) -> None:
+        outcomes[at] = results
         bar.update(1)
+
+    def failed(at: int, reason: str) -> None:
+        settled(at, [FileResult(sources[at], "", "failed", reason=reason)])
 
     def send_next() -> bool:
         """Start the next file's call (False: none left). Files refused or unreadable here
         are settled on the way, without a call."""
-        for position, path in waiting:
-            source = utf8_name(path)
-            if position in refused:
-                settled(position, [replace(refused[position], source=source)])
+        for number, (at, path) in waiting:
+            if number in refused:
+                settled(at, [replace(refused[number], source=sources[at])])
                 continue
             try:
                 size = path.stat().st_size
@@ -220,7 +231,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
                     )
                 data = path.read_bytes()
             except OSError as exc:
-                settled(position, [FileResult(source, "", "failed", reason=_why(exc))])
+                failed(at, _why(exc))
                 continue
             bar.set_postfix_str(utf8_name(path.name))
             document = ragline_pb2.Document(name=utf8_name(path.name), content=data)
@@ -230,8 +241,8 @@ def cmd_upload(args: argparse.Namespace) -> int:
                 replace_other_paths=args.replace_other_paths,
             )
             call = stub.Ingest.future(request, timeout=args.timeout)
-            calls[position] = call
-            call.add_done_callback(lambda _, at=position: finished.put(at))
+            calls[at] = call
+            call.add_done_callback(lambda _, at=at: finished.put(at))
             return True
         return False
 
@@ -239,20 +250,25 @@ def cmd_upload(args: argparse.Namespace) -> int:
         while ended is None and len(calls) < args.jobs and send_next():
             pass
         while calls:
-            position = finished.get()
-            call = calls.pop(position)
-            source = utf8_name(files[position])
+            at = finished.get()
+            call = calls.pop(at)
             try:
                 reply = call.result()
             except grpc.RpcError as exc:
-                if exc.code() not in _PER_FILE:
-                    ended = ended or exc
-                    continue
                 reason = f"{exc.code().name}: {exc.details()}"
-                settled(position, [FileResult(source, "", "failed", reason=reason)])
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    reason += (
+                        f" (--timeout {args.timeout:g} s counts from when the file was sent, "
+                        f"{args.jobs} at a time: it may not have landed; send it again with "
+                        "more time)"
+                    )
+                elif exc.code() not in _PER_FILE:  # the run ends: what became of it is unknown
+                    ended = ended or exc
+                    reason = f"not known whether it landed: the run ended ({reason})"
+                failed(at, reason)
             else:
                 got, info = ingest_from_pb(reply)
-                settled(position, [replace(r, source=source) for r in got.results])
+                settled(at, [replace(r, source=sources[at]) for r in got.results])
                 if landed is None or info.generation >= landed.generation:
                     landed = info
             while ended is None and len(calls) < args.jobs and send_next():
@@ -261,11 +277,14 @@ def cmd_upload(args: argparse.Namespace) -> int:
         for call in calls.values():
             call.cancel()
         bar.close()
-    report.results += [r for position in sorted(outcomes) for r in outcomes[position]]
+    if ended is not None:  # the files never sent are in the report too
+        why = f"not sent: the run ended ({ended.code().name})"
+        for _, (at, _path) in waiting:
+            outcomes[at] = [FileResult(sources[at], "", "failed", reason=why)]
+    report.results += [r for at in sorted(outcomes) for r in outcomes[at]]
     report.seconds = time.perf_counter() - started
     if ended is not None:  # what was sent before the run ended, then the error (main's)
-        if report.results:
-            _print_report(report, args)
+        _print_report(report, args)
         raise ended
     written = _print_report(report, args)
     if landed is not None:
@@ -808,7 +827,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_count(1, 16),
         default=2,
         help="files in flight at once (default 2: a server parses one while it encodes "
-        "another; each file sent is held in memory until its call ends)",
+        "another; each file sent is held in memory until its call ends, and its --timeout "
+        "counts from its sending, time queued behind the others included)",
     )
     _client_args(p, timeout=600.0, timeout_help="deadline of each file's call in seconds")
     p.set_defaults(func=cmd_upload)

@@ -720,9 +720,14 @@ async def test_the_cli_uploads_with_a_limited_token(secured, tokens, tmp_path) -
     assert secured.gateway.local_index.collection_of("kelp-farm") == "team-a"
     again = await upload(target, "--collection=team-a")  # the same bytes: nothing to do
     assert "2 unchanged" in again.stdout, again.stdout
-    other = await upload(target, "--collection=team-b")
+    denied = tmp_path / "denied.json"
+    other = await upload(target, "--collection=team-b", f"--report={denied}")
     assert other.returncode == 2 and "PERMISSION_DENIED" in other.stderr, other.stderr
     assert "Traceback" not in other.stderr
+    # every file is in the report: the two in flight when the run ended, the two never sent
+    reasons = [f["reason"] for f in json.loads(denied.read_text())["files"]]
+    assert len(reasons) == 4 and all(r.startswith(("not known", "not sent")) for r in reasons)
+    assert "PERMISSION_DENIED" in reasons[0], reasons
 
 
 async def test_the_cli_keeps_jobs_files_in_flight_and_reports_them_in_order(  # type: ignore[no-untyped-def]
@@ -780,6 +785,28 @@ async def test_the_cli_keeps_jobs_files_in_flight_and_reports_them_in_order(  # 
         timeout=60,
     )
     assert refused.returncode == 2 and "--jobs: 0 must be in [1, 16]" in refused.stderr
+    # a deadline is the file's own outcome: the others are still sent, and the order named
+    # holds for files that fail before they are sent too
+    named = [str(folder / "a-loom.pdf"), str(tmp_path / "gone.pdf"), str(folder / "b-spindle.pdf")]
+    hurried = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "services.cli", "upload", *named, "--timeout", "0.001"]
+        + [f"--target=127.0.0.1:{secured.port}", "--collection=team-a"]
+        + [f"--report={tmp_path / 'hurried.json'}"],
+        cwd=ROOT,
+        env=dict(os.environ, RAGLINE_SERVER_TOKEN=tokens["writer_a"]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert hurried.returncode == 1 and "Traceback" not in hurried.stderr, hurried.stderr
+    files = json.loads((tmp_path / "hurried.json").read_text())["files"]
+    assert [Path(f["source"]).name for f in files] == ["a-loom.pdf", "gone.pdf", "b-spindle.pdf"]
+    assert [f["reason"].split(":")[0] for f in files] == [
+        "DEADLINE_EXCEEDED",
+        "no such file or directory",
+        "DEADLINE_EXCEEDED",
+    ], files
 
 
 async def test_limits_hold_on_the_internal_port_and_for_limited_tokens(  # type: ignore[no-untyped-def]
