@@ -88,8 +88,11 @@ class PdfLimits:
     ocr_seconds: float | None = None
     """Seconds into a document's parse after which OCR starts no page (see :func:`ocr_budget`):
     None = :data:`OCR_TIME_SHARE` of ``parse_timeout_s`` (no bound when that is 0); ``inf``
-    = no bound (parsing in the calling process, where no timeout stops it); an ``Ingest``
-    request sets it from its deadline too."""
+    = no bound (parsing in the calling process, where no timeout stops it)."""
+    ocr_until: float | None = None
+    """A ``time.monotonic()`` point (one clock for the processes of a host) past which OCR
+    starts no page whenever the parse began: 75% of the way to an ``Ingest`` request's
+    deadline. None: no such point."""
 
 
 TABLE_MARK = "[[ragline-table-{}]]"
@@ -195,11 +198,19 @@ between the file's identity and the whole seconds OCR had, then a digest of the 
 later ingest with more OCR time parses the file again (:func:`same_version`)."""
 
 
-def ocr_budget(limits: PdfLimits) -> float:
-    """Seconds into a document's parse after which OCR starts no page (``inf``: no bound)."""
+def ocr_budget(limits: PdfLimits, started: float | None = None) -> float:
+    """Seconds into a document's parse begun at ``started`` (``time.monotonic``; default
+    now) after which OCR starts no page (``inf``: no bound)."""
     if limits.ocr_seconds is not None:
-        return limits.ocr_seconds
-    return OCR_TIME_SHARE * limits.parse_timeout_s if limits.parse_timeout_s > 0 else math.inf
+        budget = limits.ocr_seconds
+    elif limits.parse_timeout_s > 0:
+        budget = OCR_TIME_SHARE * limits.parse_timeout_s
+    else:
+        budget = math.inf
+    if limits.ocr_until is not None:
+        at = time.monotonic() if started is None else started
+        budget = min(budget, max(limits.ocr_until - at, 0.0))
+    return budget
 
 
 def same_version(stored: str | None, identity: str, limits: PdfLimits) -> bool:
@@ -516,7 +527,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extra
     document's parse began (``time.monotonic``), for the OCR time (:data:`OCR_TIME_SHARE`)."""
     flags = pymupdf.TEXT_DEHYPHENATE
     tessdata = _tessdata() if limits.ocr else None
-    ocr_seconds = ocr_budget(limits)
+    ocr_seconds = ocr_budget(limits, started)
     out_of_time: list[int] = []
     pages: list[list[Block]] = []
     heights: list[float] = []

@@ -263,9 +263,11 @@ class IndexStore:
         """The documents a write works on (under the writers' lock)."""
         self._committed: dict[str, _Doc] = {}
         """The documents as of :attr:`view` (the last commit or load): what the readers
-        (:meth:`content_hash_of`, :meth:`collection_of`, :meth:`path_of`, :meth:`documents`,
-        :meth:`encoded`) see, so that a write in progress, which may yet roll back, is never
-        read as done. Replaced whole, never changed in place."""
+        (:meth:`content_hash_of`, :meth:`collection_of`, :meth:`path_of`, :meth:`documents`)
+        see, so that a write in progress, which may yet roll back, is never read as done.
+        Replaced whole, never changed in place (its documents' ``slots`` may be, by
+        :meth:`set_dense`: :meth:`encoded`, which reads them with the graph, waits for the
+        writers)."""
         self._write_lock = threading.Lock()
         self._writing = False
         self._view: IndexView | None = None
@@ -418,13 +420,14 @@ class IndexStore:
         Raises:
             NotFound: no such document.
         """
-        doc = self._committed.get(doc_id)
-        if doc is None:
-            raise NotFound(f"no document with id {doc_id!r}")
-        vectors = None
-        if doc.slots is not None and self._hnsw is not None:
-            vectors = self._hnsw.vectors_of(doc.slots)
-        return doc.rows.copy(), vectors
+        with self._write_lock:  # the HNSW graph changes in place while a write is under way
+            doc = self._committed.get(doc_id)
+            if doc is None:
+                raise NotFound(f"no document with id {doc_id!r}")
+            vectors = None
+            if doc.slots is not None and self._hnsw is not None:
+                vectors = self._hnsw.vectors_of(doc.slots)
+            return doc.rows.copy(), vectors
 
     def set_dense(self, expected: dict[str, str], vectors: dict[str, np.ndarray]) -> None:
         """Give every document its dense vectors (one row per chunk) and commit, replacing the

@@ -213,7 +213,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
         bar.update(1)
 
     def failed(at: int, reason: str) -> None:
-        settled(at, [FileResult(sources[at], "", "failed", reason=reason)])
+        settled(at, [unsettled(at, reason)])
 
     def send_next() -> bool:
         """Start the next file's call (False: none left). Files refused or unreadable here
@@ -246,6 +246,21 @@ def cmd_upload(args: argparse.Namespace) -> int:
             return True
         return False
 
+    def unsettled(at: int, reason: str) -> FileResult:
+        return FileResult(sources[at], "", "failed", reason=reason)
+
+    def rest(unsent: Iterator[tuple[int, tuple[int, Path]]], reason: str) -> None:
+        """The files the run never sent: refused here as before, else ``reason``."""
+        for number, (at, _) in unsent:
+            if number in refused:
+                outcomes[at] = [replace(refused[number], source=sources[at])]
+            else:
+                outcomes[at] = [unsettled(at, reason)]
+
+    def finish() -> None:
+        report.results += [r for at in sorted(outcomes) for r in outcomes[at]]
+        report.seconds = time.perf_counter() - started
+
     try:
         while ended is None and len(calls) < args.jobs and send_next():
             pass
@@ -273,19 +288,23 @@ def cmd_upload(args: argparse.Namespace) -> int:
                     landed = info
             while ended is None and len(calls) < args.jobs and send_next():
                 pass
-    finally:  # Ctrl-C: the calls still in flight are cancelled (the server writes no more)
+    except BaseException:  # Ctrl-C: what landed is reported, and what may not have
         for call in calls.values():
             call.cancel()
         bar.close()
-    if ended is not None:  # the files never sent are in the report too
-        why = f"not sent: the run ended ({ended.code().name})"
-        for _, (at, _path) in waiting:
-            outcomes[at] = [FileResult(sources[at], "", "failed", reason=why)]
-    report.results += [r for at in sorted(outcomes) for r in outcomes[at]]
-    report.seconds = time.perf_counter() - started
+        for at in calls:
+            outcomes[at] = [unsettled(at, "not known whether it landed: the upload was stopped")]
+        rest(waiting, "not sent: the upload was stopped")
+        finish()
+        _print_report(report, args)
+        raise
+    bar.close()
     if ended is not None:  # what was sent before the run ended, then the error (main's)
+        rest(waiting, f"not sent: the run ended ({ended.code().name})")
+        finish()
         _print_report(report, args)
         raise ended
+    finish()
     written = _print_report(report, args)
     if landed is not None:
         print(f"server {_target(args)}: generation {landed.generation}, {landed.chunks} chunks")
@@ -1225,6 +1244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for violation in _violations(exc):
             print(f"  {violation}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: no trace (a command reports what it did first)
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 _TEXT_ARGS = ("query", "doc_id", "collection", "doc", "target", "name", "scopes", "collections")

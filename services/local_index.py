@@ -30,7 +30,7 @@ from ingest.batch import (
     run_batch,
 )
 from ingest.chunker import ChunkerConfig
-from ingest.pdf import OCR_TIME_SHARE, PdfLimits, doc_id_for, ocr_budget
+from ingest.pdf import OCR_TIME_SHARE, PdfLimits, doc_id_for
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
 from ragline.types import Chunk
 from retriever.backend import IndexBackend
@@ -157,7 +157,14 @@ class _Commits:
         progress: Callable[[int], None] | None = None,
     ) -> None:
         check_utf8(chunks)  # before minutes of encoding, not after
-        rows, vectors = self.indexer.encode(chunks, progress)
+
+        def encoded(n: int) -> None:  # between slices: a caller gone stops the encoding
+            if self.stop.is_set():
+                raise FailedPrecondition(STOPPED)
+            if progress is not None:
+                progress(n)
+
+        rows, vectors = self.indexer.encode(chunks, encoded)
         # On the event loop: the lock is released there whatever becomes of this thread.
         asyncio.run_coroutine_threadsafe(
             self._commit(doc_id, content_hash, chunks, rows, vectors), self.loop
@@ -351,13 +358,14 @@ class LocalIndex:
         return report
 
     def _request_limits(self) -> PdfLimits:
-        """The PDF limits of an ``Ingest`` request: OCR also stops at 75% of what is left of
-        its deadline (past it the caller is gone, and nothing it would read is written)."""
+        """The PDF limits of an ``Ingest`` request: OCR also starts no page past 75% of the
+        way to its deadline, whenever each document's parse starts (past the deadline the
+        caller is gone, and nothing it would read is written)."""
         limits = self.pdf_limits or PdfLimits()
         left = time_left()
         if left is None:
             return limits
-        return replace(limits, ocr_seconds=min(ocr_budget(limits), OCR_TIME_SHARE * left))
+        return replace(limits, ocr_until=time.monotonic() + OCR_TIME_SHARE * left)
 
     def _batch(
         self,

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -724,9 +726,11 @@ async def test_the_cli_uploads_with_a_limited_token(secured, tokens, tmp_path) -
     other = await upload(target, "--collection=team-b", f"--report={denied}")
     assert other.returncode == 2 and "PERMISSION_DENIED" in other.stderr, other.stderr
     assert "Traceback" not in other.stderr
-    # every file is in the report: the two in flight when the run ended, the two never sent
+    # every file is in the report: those in flight when the run ended, those never sent
+    # (the second file of one name refused as before, not "not sent")
     reasons = [f["reason"] for f in json.loads(denied.read_text())["files"]]
-    assert len(reasons) == 4 and all(r.startswith(("not known", "not sent")) for r in reasons)
+    assert len(reasons) == 4 and sum("already used by" in r for r in reasons) == 1, reasons
+    assert all(r.startswith(("not known", "not sent", "document id")) for r in reasons)
     assert "PERMISSION_DENIED" in reasons[0], reasons
 
 
@@ -807,6 +811,36 @@ async def test_the_cli_keeps_jobs_files_in_flight_and_reports_them_in_order(  # 
         "no such file or directory",
         "DEADLINE_EXCEEDED",
     ], files
+    # Ctrl-C while a file is in flight: the report still comes, naming what may not have landed
+    pages = [
+        f"Bale {i} of the mill's long ledger holds {i * 7} kilograms of wool." for i in range(80)
+    ]
+    write_pdf(tmp_path / "slow" / "a-ledger.pdf", pages)
+    write_pdf(tmp_path / "slow" / "b-note.pdf", ["The mill note: the weir gate opens at dawn."])
+    now[0] = 0
+    stopping = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "upload", str(tmp_path / "slow"), "--jobs", "1"]
+        + [f"--target=127.0.0.1:{secured.port}", "--collection=team-a", "-q"]
+        + [f"--report={tmp_path / 'stopped.json'}"],
+        cwd=ROOT,
+        env=dict(os.environ, RAGLINE_SERVER_TOKEN=tokens["writer_a"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not now[0] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # the server answers on this loop
+    assert now[0], "the upload never reached the server"
+    stopping.send_signal(signal.SIGINT)
+    out, err = await asyncio.to_thread(stopping.communicate, timeout=60)
+    assert stopping.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert "0 ingested" in out and "2 failed" in out, out
+    stopped = json.loads((tmp_path / "stopped.json").read_text())["files"]
+    assert [f["reason"] for f in stopped] == [
+        "not known whether it landed: the upload was stopped",
+        "not sent: the upload was stopped",
+    ], stopped
 
 
 async def test_limits_hold_on_the_internal_port_and_for_limited_tokens(  # type: ignore[no-untyped-def]

@@ -329,6 +329,12 @@ def test_ocr_stops_before_the_parse_timeout_and_the_file_is_parsed_again_next_ti
     assert full.ocr_pages == (2, 3) and not full.flagged
     assert full.content_hash == identity and not full.out_of_time
     assert same_version(identity, identity, PdfLimits(ocr_seconds=1))
+    # an Ingest request's point in time: a parse that starts past it OCRs nothing
+    import time
+
+    past = read_pdf(data, path.name, PdfLimits(ocr_until=time.monotonic() - 1))
+    assert past.ocr_pages == () and past.out_of_time == (2, 3)
+    assert f"{OCR_CUT}0:" in past.content_hash
     with pytest.raises(InvalidArgument, match="image-only pages not OCR'd: the document's OCR"):
         only = scanned_pdf(tmp_path / "only.pdf")
         read_pdf(only.read_bytes(), only.name, PdfLimits(parse_timeout_s=1e-9))

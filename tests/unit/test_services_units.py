@@ -483,22 +483,28 @@ def test_a_remote_stage_is_named_by_its_service_not_its_address() -> None:
 
 
 def test_an_ingest_request_gives_ocr_three_quarters_of_what_is_left_of_its_deadline() -> None:
-    """Past the request's deadline its caller is gone and nothing is written: OCR stops at
-    75% of what is left of it, or of the parse timeout, whichever comes first."""
+    """Past the request's deadline its caller is gone and nothing is written: OCR starts no
+    page past 75% of the way to it, however late a document's parse starts (queued behind
+    other requests, or the request's later uploads), nor past the parse timeout's share."""
     import time
     from types import SimpleNamespace
 
-    from ingest.pdf import PdfLimits
+    from ingest.batch import in_process
+    from ingest.pdf import PdfLimits, ocr_budget
     from services.deadlines import current_deadline
     from services.local_index import LocalIndex
 
     index = SimpleNamespace(pdf_limits=PdfLimits())
-    assert LocalIndex._request_limits(index).ocr_seconds is None  # type: ignore[arg-type]
+    assert LocalIndex._request_limits(index).ocr_until is None  # type: ignore[arg-type]
     token = current_deadline.set(time.monotonic() + 600)  # an upload's default deadline
     try:
-        seconds = LocalIndex._request_limits(index).ocr_seconds  # type: ignore[arg-type]
-        assert seconds is not None and 449 < seconds <= 450
+        limits = LocalIndex._request_limits(index)  # type: ignore[arg-type]
+        assert 449 < ocr_budget(limits) <= 450
+        later = time.monotonic() + 400  # a parse that starts 400 s into the request
+        assert 49 < ocr_budget(limits, later) <= 50
+        assert ocr_budget(limits, time.monotonic() + 500) == 0
+        assert 449 < ocr_budget(in_process(limits)) <= 450  # no timeout's share here
         index.pdf_limits = PdfLimits(parse_timeout_s=100)
-        assert LocalIndex._request_limits(index).ocr_seconds == 75  # type: ignore[arg-type]
+        assert ocr_budget(LocalIndex._request_limits(index)) == 75  # type: ignore[arg-type]
     finally:
         current_deadline.reset(token)

@@ -189,8 +189,16 @@ def test_readers_never_see_a_write_in_progress(tmp_path: Path) -> None:
         assert store.content_hash_of("atlas") == "h1"
         assert store.collection_of("atlas") == "default"
         assert store.documents()["atlas"][0] == "h1" and len(store.documents()["atlas"][1]) == 2
-        assert store.encoded("atlas")[0].shape[0] == 2
+        read: list[int] = []  # the graph changes in place: encoded() waits for the writer
+        reader = threading.Thread(
+            target=lambda got=read: got.append(store.encoded("atlas")[0].shape[0])
+        )
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive() and not read
         go_on.set()
         writer.join(30)
+        reader.join(30)
         assert store.content_hash_of("atlas") == expected
+        assert read == [2 if failing else 3]
     assert store.collection_of("atlas") == "other" and store.view.generation == 2
