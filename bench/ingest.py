@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from ingest.batch import parse_document, run_batch  # noqa: E402
 from ingest.pdf import PdfLimits  # noqa: E402
-from ragline.types import Chunk  # noqa: E402
+from ragline.types import Chunk, Held  # noqa: E402
 
 
 class CountingSink:
@@ -42,13 +42,7 @@ class CountingSink:
         self.chunks = 0
         self.tables = 0
 
-    def content_hash_of(self, doc_id: str) -> str | None:
-        return None
-
-    def collection_of(self, doc_id: str) -> str | None:
-        return None
-
-    def path_of(self, doc_id: str) -> str | None:
+    def held(self, doc_id: str) -> Held | None:
         return None
 
     def put(

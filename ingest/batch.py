@@ -44,7 +44,7 @@ from ingest.pdf import (
 from ragline.errors import InvalidArgument, RaglineError, visible
 from ragline.faults import failpoint
 from ragline.files import sweep_process_folders, write_atomic
-from ragline.types import Chunk
+from ragline.types import Chunk, Held
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +54,8 @@ Status = Literal["ingested", "unchanged", "replaced", "failed"]
 class DocumentSink(Protocol):
     """Where chunks go: the index. ``put`` replaces a document's chunks atomically."""
 
-    def content_hash_of(self, doc_id: str) -> str | None: ...
-
-    def collection_of(self, doc_id: str) -> str | None: ...
-
-    def path_of(self, doc_id: str) -> str | None:
-        """The absolute path the document was ingested from ("" for uploaded bytes; None: no
-        such document)."""
+    def held(self, doc_id: str) -> Held | None:
+        """What the sink holds of the document, read at once (None: no such document)."""
         ...
 
     def put(
@@ -336,9 +331,10 @@ def _compare(
     """Whether the sink already holds this version of the document in this collection (as
     parsing under ``limits`` would give it: :func:`ingest.pdf.same_version`), and the identity
     it holds (None: a new document)."""
-    previous = sink.content_hash_of(doc_id)
+    held = sink.held(doc_id)
+    previous = held.content_hash if held else None
     same = same_version(previous, identity, limits)
-    return same and sink.collection_of(doc_id) == collection, previous
+    return same and held is not None and held.collection == collection, previous
 
 
 def in_process(limits: PdfLimits | None) -> PdfLimits:
@@ -426,10 +422,14 @@ def duplicate_uploads(
 def _held_by_other_source(sink: DocumentSink, doc_id: str, collection: str) -> str | None:
     """Why an upload may not replace document ``doc_id``, or None (an earlier upload into the
     same collection: a new version of it)."""
-    held_path, held_collection = sink.path_of(doc_id), sink.collection_of(doc_id)
-    if not held_path and held_collection == collection:
+    stored = sink.held(doc_id)
+    if stored is None or (not stored.path and stored.collection == collection):
         return None
-    held = f"the file {held_path}" if held_path else f"an upload to collection {held_collection!r}"
+    held = (
+        f"the file {stored.path}"
+        if stored.path
+        else f"an upload to collection {stored.collection!r}"
+    )
     return (
         f"document id {doc_id!r} is held by {held}, ingested earlier; this upload would "
         "replace it: rename the upload, or set replace_other_paths in the Ingest request"
@@ -439,7 +439,8 @@ def _held_by_other_source(sink: DocumentSink, doc_id: str, collection: str) -> s
 def _held_by_other_path(sink: DocumentSink, doc_id: str, path: Path) -> str | None:
     """Why a file may not replace document ``doc_id``, or None: refused only when the document
     came from another path that still exists (a moved folder replaces its documents)."""
-    held = sink.path_of(doc_id)
+    stored = sink.held(doc_id)
+    held = stored.path if stored else None
     # escaped again: a path stored before its characters were (an index of an older version)
     if not held or utf8_name(held) == utf8_name(path.resolve()) or not _still_exists(held):
         return None

@@ -87,6 +87,19 @@ class Hit:
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """What an index holds of one document, read at once (three separate reads could straddle
+    a commit and give a combination that never existed)."""
+
+    content_hash: str
+    """The identity of the version held (``""``: a replacement was cut off half-way and the
+    next ingest must replace it)."""
+    collection: str
+    path: str
+    """The absolute path it was ingested from (``""``: uploaded bytes)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Citation:
     """One cited evidence passage: ``number`` is its [n] in the prompt (1-based)."""
 

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import scipy.sparse as sp
 
-from ragline.types import Chunk, SparseVector
+from ragline.types import Chunk, Held, SparseVector
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,26 @@ class IndexSchema:
     vocab_size: int
     dense_model_id: str | None = None
     """None: dense retrieval is off, and no vectors are kept."""
+
+
+class HeldReads:
+    """One field of :meth:`held` at a time, for a class that has ``held`` (a caller that needs
+    two of them reads ``held`` once instead)."""
+
+    def held(self, doc_id: str) -> Held | None:
+        raise NotImplementedError
+
+    def content_hash_of(self, doc_id: str) -> str | None:
+        held = self.held(doc_id)
+        return held.content_hash if held else None
+
+    def collection_of(self, doc_id: str) -> str | None:
+        held = self.held(doc_id)
+        return held.collection if held else None
+
+    def path_of(self, doc_id: str) -> str | None:
+        held = self.held(doc_id)
+        return held.path if held else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +168,11 @@ class IndexBackend(Protocol):
 
     def refresh(self) -> bool:
         """Pick up what another writer committed; True when the view changed."""
+        ...
+
+    def held(self, doc_id: str) -> Held | None:
+        """What the index holds of a document as of its last commit, read at once (None: no
+        such document). A write in progress is not seen."""
         ...
 
     def content_hash_of(self, doc_id: str) -> str | None: ...

@@ -13,8 +13,8 @@ import scipy.sparse as sp
 from ragline.errors import FailedPrecondition
 from ragline.faults import failpoint
 from ragline.markdown import read_table
-from ragline.types import Chunk
-from retriever.backend import IndexBackend, IndexSchema, SearchView
+from ragline.types import Chunk, Held
+from retriever.backend import HeldReads, IndexBackend, IndexSchema, SearchView
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from retriever.store import check_utf8
 
@@ -38,7 +38,7 @@ def schema_of(sparse: SpladeEncoder, dense: DenseEncoder | None = None) -> Index
     )
 
 
-class Indexer(Generic[B]):
+class Indexer(HeldReads, Generic[B]):
     """Encodes documents and writes them to an index backend (``store``: the local
     :class:`retriever.store.IndexStore` or :class:`retriever.qdrant_backend.QdrantBackend`).
     Implements ``ingest.DocumentSink``."""
@@ -58,14 +58,8 @@ class Indexer(Generic[B]):
         return self.store.view
 
     # -- DocumentSink ------------------------------------------------------------------------
-    def content_hash_of(self, doc_id: str) -> str | None:
-        return self.store.content_hash_of(doc_id)
-
-    def collection_of(self, doc_id: str) -> str | None:
-        return self.store.collection_of(doc_id)
-
-    def path_of(self, doc_id: str) -> str | None:
-        return self.store.path_of(doc_id)
+    def held(self, doc_id: str) -> Held | None:
+        return self.store.held(doc_id)
 
     def put(
         self,

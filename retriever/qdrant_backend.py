@@ -33,8 +33,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound, named
-from ragline.types import Chunk, SparseVector
-from retriever.backend import Filters, IndexSchema
+from ragline.types import Chunk, Held, SparseVector
+from retriever.backend import Filters, HeldReads, IndexSchema
 from retriever.qdrant_transport import ClientTransport, EdgeTransport, PointRow, Transport
 from retriever.store import check_encoded
 
@@ -161,7 +161,7 @@ class QdrantView:
         return None
 
 
-class QdrantBackend:
+class QdrantBackend(HeldReads):
     """Encoded chunks in a Qdrant collection (module docstring). Implements ``IndexBackend``.
 
     Args:
@@ -246,25 +246,25 @@ class QdrantBackend:
         known = self._view.generation if self._view else -1
         return self.load().generation != known
 
-    def content_hash_of(self, doc_id: str) -> str | None:
-        """The document's content hash; ``""`` (matching no file) when its points carry more
-        than one: a replacement was cut off between writing the new points and deleting the
-        old ones, and the next ingest of the file must replace it, not skip it."""
+    def held(self, doc_id: str) -> Held | None:
+        """The document's content hash, collection and path from one scroll of its points; the
+        hash is ``""`` (matching no file) when its points carry more than one: a replacement
+        was cut off between writing the new points and deleting the old ones, and the next
+        ingest of the file must replace it, not skip it."""
         if not self.transport.exists():
             return None
-        found = self.transport.scroll("doc_id", doc_id, payload=["content_hash"])
-        hashes = {str(p.get("content_hash", "")) for _, p in found}
-        if not hashes:
+        found = self.transport.scroll(
+            "doc_id", doc_id, payload=["content_hash", "collection", "path"]
+        )
+        if not found:
             return None
-        return hashes.pop() if len(hashes) == 1 else ""
-
-    def collection_of(self, doc_id: str) -> str | None:
-        payload = self._first_payload(doc_id)
-        return payload.get("collection") if payload else None
-
-    def path_of(self, doc_id: str) -> str | None:
-        payload = self._first_payload(doc_id)
-        return payload.get("path", "") if payload else None
+        hashes = {str(p.get("content_hash", "")) for _, p in found}
+        first = found[0][1]
+        return Held(
+            hashes.pop() if len(hashes) == 1 else "",
+            str(first.get("collection", "")),
+            str(first.get("path", "")),
+        )
 
     def documents(self) -> dict[str, tuple[str, tuple[Chunk, ...]]]:
         grouped: dict[str, tuple[str, list[Chunk]]] = {}
@@ -460,12 +460,6 @@ class QdrantBackend:
 
     def _count(self) -> int:
         return self.transport.count() if self.transport.exists() else 0
-
-    def _first_payload(self, doc_id: str) -> dict[str, Any] | None:
-        if not self.transport.exists():
-            return None
-        found = self.transport.scroll("doc_id", doc_id)
-        return found[0][1] if found else None
 
     def _point_ids(self, doc_id: str) -> list[str]:
         if not self.transport.exists():

@@ -52,8 +52,8 @@ from ragline.errors import (
     named,
 )
 from ragline.faults import failpoint
-from ragline.types import Chunk, SparseVector
-from retriever.backend import Filters, IndexSchema
+from ragline.types import Chunk, Held, SparseVector
+from retriever.backend import Filters, HeldReads, IndexSchema
 from retriever.hnsw import HnswIndex
 from retriever.seismic_index import SeismicParams, SeismicSparseIndex
 from retriever.sparse_index import ExactSparseIndex, SparseIndex
@@ -238,7 +238,7 @@ class _Doc:
     """HNSW ids of the chunks (the graph holds their vectors)."""
 
 
-class IndexStore:
+class IndexStore(HeldReads):
     """Documents → chunks → encoded rows (SPLADE, and dense vectors when ``schema`` names a
     dense model), persisted as atomic snapshots. Thread-safe: one writer at a time, readers use
     :attr:`view`. Runs no model: writers hand it encoded rows (:meth:`put_encoded`). The
@@ -294,6 +294,14 @@ class IndexStore:
         """Dense retrieval is configured, but the loaded documents have no vectors from its
         model (an index built with it off, or with another model): see
         :meth:`retriever.indexer.Indexer.backfill_dense`."""
+        view = self._view  # one read: the last commit's documents and vectors together
+        return (
+            self.dense_enabled and view is not None and bool(view.doc_hashes) and view.dense is None
+        )
+
+    def _dense_due(self) -> bool:
+        """:attr:`dense_missing` of the documents a write works on (callers hold the writers'
+        lock); the property reads the last commit, as every reader does."""
         return self.dense_enabled and self._hnsw is None and bool(self._docs)
 
     def load(self) -> IndexView:
@@ -470,22 +478,14 @@ class IndexStore:
             return 0
         return int(current.read_text().strip().lstrip("g") or 0)
 
-    def content_hash_of(self, doc_id: str) -> str | None:
-        doc = self._committed.get(doc_id)
-        return doc.content_hash if doc else None
-
-    def collection_of(self, doc_id: str) -> str | None:
-        first = self._first_chunk(doc_id)
-        return first.collection if first else None
-
-    def path_of(self, doc_id: str) -> str | None:
-        first = self._first_chunk(doc_id)
-        return first.path if first else None
-
-    def _first_chunk(self, doc_id: str) -> Chunk | None:
-        """A document's first chunk: what every chunk of it shares (collection, path)."""
-        doc = self._committed.get(doc_id)
-        return doc.chunks[0] if doc and doc.chunks else None
+    def held(self, doc_id: str) -> Held | None:
+        doc = self._committed.get(doc_id)  # one read: the dict is replaced whole by a commit
+        if doc is None:
+            return None
+        first = doc.chunks[0] if doc.chunks else None
+        return Held(
+            doc.content_hash, first.collection if first else "", first.path if first else ""
+        )
 
     # -- writing -----------------------------------------------------------------------------
     def put_encoded(
@@ -507,7 +507,7 @@ class IndexStore:
         """
         rows, vectors = check_encoded(self.schema, doc_id, chunks, rows, vectors)
         with self._writer():
-            if vectors is not None and self.dense_missing:
+            if vectors is not None and self._dense_due():
                 raise FailedPrecondition(
                     "the index has documents without dense vectors; embed them first"
                     " (Indexer.backfill_dense)"

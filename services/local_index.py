@@ -32,7 +32,7 @@ from ingest.batch import (
 from ingest.chunker import ChunkerConfig
 from ingest.pdf import OCR_TIME_SHARE, PdfLimits, doc_id_for
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
-from ragline.types import Chunk
+from ragline.types import Chunk, Held
 from retriever.backend import IndexBackend
 from retriever.indexer import Indexer
 from retriever.store import IndexStore, check_utf8
@@ -128,26 +128,15 @@ class _Commits:
         self.loop = loop
         self.allowed = allowed
         self.stop = stop
-        self._seen: dict[str, tuple[str | None, str | None, str | None]] = {}
-
-    def _state(self, doc_id: str) -> tuple[str | None, str | None, str | None]:
-        i = self.indexer
-        return i.content_hash_of(doc_id), i.collection_of(doc_id), i.path_of(doc_id)
-
-    def _seen_now(self, doc_id: str) -> tuple[str | None, str | None, str | None]:
-        if doc_id not in self._seen:
-            self._seen[doc_id] = self._state(doc_id)
-        return self._seen[doc_id]
+        self._seen: dict[str, Held | None] = {}
 
     # -- DocumentSink ------------------------------------------------------------------------
-    def content_hash_of(self, doc_id: str) -> str | None:
-        return self._seen_now(doc_id)[0]
-
-    def collection_of(self, doc_id: str) -> str | None:
-        return self._seen_now(doc_id)[1]
-
-    def path_of(self, doc_id: str) -> str | None:
-        return self._seen_now(doc_id)[2]
+    def held(self, doc_id: str) -> Held | None:
+        """What the index held of the document when this request first asked (one read, kept
+        for the request: its checks agree with each other however the index moves on)."""
+        if doc_id not in self._seen:
+            self._seen[doc_id] = self.indexer.held(doc_id)
+        return self._seen[doc_id]
 
     def put(
         self,
@@ -188,11 +177,13 @@ class _Commits:
         store = self.indexer.store
         if isinstance(store, IndexStore):
             store.refresh()  # what `ragline ingest` in another process committed meanwhile
-        now = self._state(doc_id)
+        now = self.indexer.held(doc_id)
         first = chunks[0] if chunks else None
-        if first is not None and now == (content_hash, first.collection, first.path):
+        if first is not None and now == Held(content_hash, first.collection, first.path):
             return  # already there, as this commit would leave it
-        foreign = self.allowed is not None and now[1] not in (None, *self.allowed)
+        foreign = (
+            self.allowed is not None and now is not None and now.collection not in self.allowed
+        )
         if foreign or doc_id not in self._seen or now != self._seen[doc_id]:
             raise FailedPrecondition(f"document {doc_id!r} {CHANGED}")
         self.indexer.commit(doc_id, content_hash, chunks, rows, vectors)
@@ -500,10 +491,10 @@ class LocalIndex:
         if allowed is None:
             return False
         try:
-            held_by = sink.collection_of(doc_id_for(name))
+            held = sink.held(doc_id_for(name))
         except InvalidArgument:  # no usable id: the batch job reports it
             return False
-        return held_by is not None and held_by not in allowed
+        return held is not None and held.collection not in allowed
 
     async def delete(
         self, doc_id: str, collection: str = "", allowed: frozenset[str] | None = None

@@ -369,7 +369,7 @@ async def test_a_document_another_write_changed_meanwhile_is_not_committed(
     first, second = _Commits(index, loop, None, never), _Commits(index, loop, None, never)
     one = write_pdf(tmp_path / "a" / "twin.pdf", ["The twin kiln fires at 1200 degrees."])
     two = write_pdf(tmp_path / "b" / "twin.pdf", ["The twin kiln cools for a day."])
-    assert second.content_hash_of("twin") is None  # what the second request reads: new
+    assert second.held("twin") is None  # what the second request reads: new
     landed = await asyncio.to_thread(ingest_one, one.read_bytes(), "twin.pdf", first)
     assert landed.status == "ingested"
     held = index.store.content_hash_of("twin")
@@ -396,7 +396,7 @@ async def test_a_commit_checks_what_another_process_wrote_and_whether_its_caller
     loop = asyncio.get_running_loop()
     try:
         upload = _Commits(index, loop, None, threading.Event())
-        assert upload.content_hash_of("lathe") is None  # read: a new document
+        assert upload.held("lathe") is None  # read: a new document
         other = make_indexer(tmp_path / "index", encoder)  # the CLI's, on the same folder
         other.load()
         cli = write_pdf(tmp_path / "docs" / "lathe.pdf", ["The lathe belt is leather."])
@@ -411,7 +411,7 @@ async def test_a_commit_checks_what_another_process_wrote_and_whether_its_caller
         ]
         left = threading.Event()
         late = _Commits(index, loop, None, left)
-        assert late.content_hash_of("kiln") is None
+        assert late.held("kiln") is None
         left.set()  # the caller went away while the document was encoded
         note = write_pdf(tmp_path / "kiln.pdf", ["The kiln is hot."]).read_bytes()
         stopped = await asyncio.to_thread(ingest_one, note, "kiln.pdf", late)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ingest.batch import run_batch
 from ingest.chunker import ChunkerConfig
-from ragline.types import Chunk
+from ragline.types import Chunk, Held
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from tests.conftest import make_indexer
 from tests.reliability.conftest import scale
@@ -41,14 +41,8 @@ class Recorder:
     def __init__(self) -> None:
         self.docs: dict[str, tuple[str, int]] = {}
 
-    def content_hash_of(self, doc_id: str) -> str | None:
+    def held(self, doc_id: str) -> Held | None:
         return None  # every input is new: nothing is skipped as unchanged
-
-    def collection_of(self, doc_id: str) -> str | None:
-        return None
-
-    def path_of(self, doc_id: str) -> str | None:
-        return None
 
     def put(
         self,

@@ -11,6 +11,7 @@ import pytest
 from ingest.batch import parse_document, settings_key
 from ingest.pdf import PdfLimits, clean_page_text, document_title, read_pdf
 from ragline.errors import InvalidArgument
+from ragline.types import Held
 
 pytestmark = pytest.mark.unit
 
@@ -342,10 +343,10 @@ def test_a_path_stored_before_names_were_escaped_is_the_same_file(tmp_path: Path
     other.mkdir()
     (other / "kettle.pdf").write_bytes(b"%PDF-1.7")
 
-    class Held:  # the part of the index the guard reads: the document's stored path
-        def path_of(self, doc_id: str) -> str:
-            return str((folder / "kettle.pdf").resolve())
+    class Index:  # the part of the index the guard reads: the document's stored path
+        def held(self, doc_id: str) -> Held:
+            return Held("h1", "default", str((folder / "kettle.pdf").resolve()))
 
-    sink: Any = Held()
+    sink: Any = Index()
     assert _held_by_other_path(sink, "kettle", folder / "kettle.pdf") is None
     assert "would replace it" in (_held_by_other_path(sink, "kettle", other / "kettle.pdf") or "")

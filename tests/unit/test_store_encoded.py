@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 from ragline.errors import FailedPrecondition, InvalidArgument, NotFound
-from ragline.types import Chunk, SparseVector
+from ragline.types import Chunk, Held, SparseVector
 from retriever.store import IndexSchema, IndexStore, IndexView
 
 pytestmark = pytest.mark.unit
@@ -188,6 +188,7 @@ def test_readers_never_see_a_write_in_progress(tmp_path: Path) -> None:
         assert writing.wait(30)  # the new document is in memory, its snapshot not yet written
         assert store.content_hash_of("atlas") == "h1"
         assert store.collection_of("atlas") == "default"
+        assert store.held("atlas") == Held("h1", "default", "")  # one read of all three
         assert store.documents()["atlas"][0] == "h1" and len(store.documents()["atlas"][1]) == 2
         read: list[int] = []  # the graph changes in place: encoded() waits for the writer
         reader = threading.Thread(
@@ -201,4 +202,47 @@ def test_readers_never_see_a_write_in_progress(tmp_path: Path) -> None:
         reader.join(30)
         assert store.content_hash_of("atlas") == expected
         assert read == [2 if failing else 3]
-    assert store.collection_of("atlas") == "other" and store.view.generation == 2
+    assert store.held("atlas") == Held("h2", "other", "") and store.view.generation == 2
+    assert store.held("nothing") is None and store.path_of("nothing") is None
+
+
+def test_dense_missing_reads_the_last_commit(tmp_path: Path) -> None:
+    """While the vectors of an index that lacked them are being committed (and may yet roll
+    back), readers still see them missing; once committed, not; a failed commit, missing."""
+    import contextlib
+    import threading
+
+    sparse_only = IndexStore(tmp_path, SPARSE_ONLY)
+    sparse_only.load()
+    sparse_only.put_encoded("manual", "h1", chunks("manual", 3), rows(3, 10))
+    store = IndexStore(tmp_path, WITH_DENSE)
+    store.load()
+    assert store.dense_missing
+    real_write = store._write_snapshot
+    writing, go_on = threading.Event(), threading.Event()
+    fail = [False]
+
+    def paused(view: IndexView) -> None:
+        writing.set()
+        assert go_on.wait(30)
+        if fail[0]:
+            raise OSError("the disk went away")
+        real_write(view)
+
+    store._write_snapshot = paused  # type: ignore[method-assign]
+
+    def embed() -> None:
+        with contextlib.suppress(OSError):  # the failing round's
+            store.set_dense({"manual": "h1"}, {"manual": vectors(3, 0)})
+
+    for failing in (True, False):
+        fail[0] = failing
+        writing.clear()
+        go_on.clear()
+        writer = threading.Thread(target=embed)
+        writer.start()
+        assert writing.wait(30)  # the graph is built in memory, not yet committed
+        assert store.dense_missing
+        go_on.set()
+        writer.join(30)
+        assert store.dense_missing is failing
