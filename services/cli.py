@@ -372,8 +372,9 @@ def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from ragline.v1 import ragline_pb2_grpc
     from services.client import open_channel
 
-    # TLS, mTLS and the bearer token from RAGLINE_SERVER_TLS_* and RAGLINE_SERVER_TOKEN
-    channel = open_channel(Settings().server, _target(args))
+    # TLS, mTLS and the bearer token from RAGLINE_SERVER_TLS_* and RAGLINE_SERVER_TOKEN; a
+    # busy server's calls are tried again after its hint (RAGLINE_SERVER_RETRY_ATTEMPTS)
+    channel = open_channel(Settings().server, _target(args), retry_busy=True)
     return ragline_pb2_grpc.RaglineStub(channel)
 
 

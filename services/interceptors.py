@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -88,7 +89,23 @@ def to_status(exc: RaglineError) -> grpc.Status:
         detail = any_pb2.Any()
         detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         status.details.append(detail)
-    return rpc_status.to_status(status)
+    out = rpc_status.to_status(status)
+    if code is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return out
+    # gRPC's own retry policy (gRFC A6) reads this trailer: a client configured to retry
+    # RESOURCE_EXHAUSTED (`ragline upload`, the CLI) waits the hint; without a hint (no space
+    # left, a limit the request itself breaks) it must not retry at all (-1).
+    pushback = str(int(exc.retry_after_s * 1000)) if exc.retry_after_s is not None else "-1"
+    return _Status(
+        out.code, out.details, (*out.trailing_metadata, ("grpc-retry-pushback-ms", pushback))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Status(grpc.Status):  # grpc.Status is an interface with no constructor
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str | bytes], ...]
 
 
 class ServerInterceptor(grpc.aio.ServerInterceptor):

@@ -843,6 +843,57 @@ async def test_the_cli_keeps_jobs_files_in_flight_and_reports_them_in_order(  # 
     ], stopped
 
 
+async def test_the_cli_sends_again_when_the_server_is_busy(  # type: ignore[no-untyped-def]
+    server, tmp_path, redis_url, monkeypatch
+) -> None:
+    """A server with every request slot taken answers RESOURCE_EXHAUSTED with a retry hint:
+    `ragline upload` sends the file again after it (gRPC's retry policy, the server's
+    pushback trailer), and the file lands once a slot is free."""
+    settings = make_settings(tmp_path, redis_url)
+    settings.server.max_concurrent_rpcs = 1
+    running = await serve_beside(settings, server)
+    gateway = running.gateway
+    real, release = gateway.retrieve, asyncio.Event()
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await release.wait()  # the one slot stays taken until the upload was refused
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(gateway, "retrieve", held)
+    refused = running.metrics.grpc_handled.labels(
+        "ragline.v1.Ragline", "Ingest", "unary", "RESOURCE_EXHAUSTED"
+    )
+    pdf = write_pdf(tmp_path / "up" / "sluice.pdf", ["The mill sluice opens at the third bell."])
+    try:
+        channel, stub = _stub(running.port)
+        async with channel:
+            occupier = asyncio.ensure_future(
+                stub.Retrieve(ragline_pb2.RetrieveRequest(query="mill sluice"), timeout=120)
+            )
+            uploading = asyncio.ensure_future(
+                asyncio.to_thread(
+                    subprocess.run,
+                    [sys.executable, "-m", "services.cli", "upload", str(pdf), "-q"]
+                    + [f"--target=127.0.0.1:{running.port}", "--timeout=60"],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+            )
+            deadline = time.monotonic() + 60
+            while not refused._value.get() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)  # the server answers on this loop
+            assert refused._value.get() >= 1, "the upload was never refused as busy"
+            release.set()
+            await occupier
+            sent = await uploading
+        assert sent.returncode == 0 and "1 ingested" in sent.stdout, sent.stderr
+        assert gateway.local_index.collection_of("sluice") == "default"
+    finally:
+        await stop_beside(running)
+
+
 async def test_limits_hold_on_the_internal_port_and_for_limited_tokens(  # type: ignore[no-untyped-def]
     secured, tokens, tmp_path
 ) -> None:

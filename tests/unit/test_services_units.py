@@ -267,6 +267,34 @@ def test_a_small_retry_backoff_is_a_valid_service_config_duration() -> None:
     assert policy["initialBackoff"] == "0.001s" and policy["maxBackoff"] == "1s"
 
 
+def test_busy_is_retried_after_the_servers_hint_by_the_cli_only() -> None:
+    """RESOURCE_EXHAUSTED carries gRPC's pushback trailer: the hint in ms, or -1 (do not
+    retry) where waiting cannot help; only the CLI's channels retry it."""
+    import json
+
+    import grpc
+
+    from ragline.errors import InvalidArgument, ResourceExhausted
+    from services.client import service_config
+    from services.interceptors import to_status
+    from services.settings import ServerSettings
+
+    def pushback(exc: Exception) -> str | None:
+        return dict(to_status(exc).trailing_metadata).get("grpc-retry-pushback-ms")  # type: ignore[arg-type]
+
+    assert pushback(ResourceExhausted("server busy", retry_after_s=0.5)) == "500"
+    assert pushback(ResourceExhausted("no space left")) == "-1"
+    assert pushback(InvalidArgument("bad query")) is None
+    assert to_status(ResourceExhausted("busy")).code is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def codes(retry_busy: bool) -> list[str]:
+        config = json.loads(service_config(ServerSettings(), retry_busy))
+        return config["methodConfig"][0]["retryPolicy"]["retryableStatusCodes"]
+
+    assert codes(False) == ["UNAVAILABLE"]
+    assert codes(True) == ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]
+
+
 def test_client_commands_refuse_arguments_that_are_not_utf8(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
