@@ -208,8 +208,11 @@ def cmd_upload(args: argparse.Namespace) -> int:
     waiting = iter(enumerate(files))
     bar = tqdm(total=len(files), desc="upload", unit="file", disable=args.quiet or not files)
 
+    taken: set[int] = set()  # taken to be sent, not yet settled nor in flight
+
     def settled(at: int, results: list[FileResult]) -> None:
         outcomes[at] = results
+        taken.discard(at)
         bar.update(1)
 
     def failed(at: int, reason: str) -> None:
@@ -219,6 +222,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
         """Start the next file's call (False: none left). Files refused or unreadable here
         are settled on the way, without a call."""
         for number, (at, path) in waiting:
+            taken.add(at)
             if number in refused:
                 settled(at, [replace(refused[number], source=sources[at])])
                 continue
@@ -242,6 +246,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
             )
             call = stub.Ingest.future(request, timeout=args.timeout)
             calls[at] = call
+            taken.discard(at)
             call.add_done_callback(lambda _, at=at: finished.put(at))
             return True
         return False
@@ -249,17 +254,20 @@ def cmd_upload(args: argparse.Namespace) -> int:
     def unsettled(at: int, reason: str) -> FileResult:
         return FileResult(sources[at], "", "failed", reason=reason)
 
-    def rest(unsent: Iterator[tuple[int, tuple[int, Path]]], reason: str) -> None:
-        """The files the run never sent: refused here as before, else ``reason``."""
-        for number, (at, _) in unsent:
+    def finish() -> None:
+        report.results += [r for at in sorted(outcomes) for r in outcomes[at]]
+        report.seconds = time.perf_counter() - started
+
+    def cut_short(reason: str) -> None:
+        """Report a run that ended early: the files never sent are refused here as before,
+        else ``reason``."""
+        for number, (at, _) in waiting:
             if number in refused:
                 outcomes[at] = [replace(refused[number], source=sources[at])]
             else:
                 outcomes[at] = [unsettled(at, reason)]
-
-    def finish() -> None:
-        report.results += [r for at in sorted(outcomes) for r in outcomes[at]]
-        report.seconds = time.perf_counter() - started
+        finish()
+        _print_report(report, args)
 
     try:
         while ended is None and len(calls) < args.jobs and send_next():
@@ -292,17 +300,13 @@ def cmd_upload(args: argparse.Namespace) -> int:
         for call in calls.values():
             call.cancel()
         bar.close()
-        for at in calls:
+        for at in (*calls, *taken):  # in flight, or being sent when the stop came
             outcomes[at] = [unsettled(at, "not known whether it landed: the upload was stopped")]
-        rest(waiting, "not sent: the upload was stopped")
-        finish()
-        _print_report(report, args)
+        cut_short("not sent: the upload was stopped")
         raise
     bar.close()
     if ended is not None:  # what was sent before the run ended, then the error (main's)
-        rest(waiting, f"not sent: the run ended ({ended.code().name})")
-        finish()
-        _print_report(report, args)
+        cut_short(f"not sent: the run ended ({ended.code().name})")
         raise ended
     finish()
     written = _print_report(report, args)

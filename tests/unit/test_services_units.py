@@ -449,6 +449,37 @@ def test_upload_reports_files_it_cannot_send_and_a_report_it_cannot_write(
     assert f"cannot write the report {bad}" in err and "Traceback" not in err
 
 
+def test_an_upload_stopped_while_a_file_is_read_reports_every_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the next file is read (a large file on a slow disk): that file is in the
+    report too, with the one in flight and the one never sent, and the run ends 130."""
+    import json
+
+    from services.cli import main
+
+    for name in ("a-first", "b-read", "c-later"):
+        (tmp_path / f"{name}.pdf").write_bytes(b"%PDF-1.7 " + name.encode())
+    real = Path.read_bytes
+
+    def interrupted(path: Path) -> bytes:
+        if path.name == "b-read.pdf":
+            raise KeyboardInterrupt
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", interrupted)
+    report = tmp_path / "stopped.json"
+    argv = ["upload", str(tmp_path), "-q", "--jobs", "3", "--target", "127.0.0.1:1"]
+    assert main([*argv, "--report", str(report)]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    files = json.loads(report.read_text())["files"]
+    assert [(Path(f["source"]).name, f["reason"].split(":")[0]) for f in files] == [
+        ("a-first.pdf", "not known whether it landed"),
+        ("b-read.pdf", "not known whether it landed"),
+        ("c-later.pdf", "not sent"),
+    ]
+
+
 def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     from services.cli import main
 
