@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import threading
 import time
@@ -417,6 +418,40 @@ async def test_a_commit_checks_what_another_process_wrote_and_whether_its_caller
         stopped = await asyncio.to_thread(ingest_one, note, "kiln.pdf", late)
         assert stopped.status == "failed" and STOPPED in stopped.reason
         assert index.store.content_hash_of("kiln") is None
+    finally:
+        index.close()
+
+
+async def test_encoding_stops_at_the_next_slice_once_the_caller_left(
+    tmp_path: Path, encoder: SpladeEncoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that leaves while a long document is encoded stops the encoding at the next
+    slice (a 2,400-page manual no longer encodes on for minutes), and nothing is written."""
+    import retriever.indexer
+    from ragline.errors import FailedPrecondition
+    from ragline.types import Chunk
+    from services.local_index import STOPPED, LocalIndex, _Commits
+
+    monkeypatch.setattr(retriever.indexer, "ENCODE_SLICE", 2)
+    index = LocalIndex(make_indexer(tmp_path / "index", encoder), workers=0)
+    index.warm_up()
+    left = threading.Event()
+    sink = _Commits(index, asyncio.get_running_loop(), None, left)
+    chunks = [
+        Chunk(f"loom-{i}", "loom", i, f"Loom {i} of the mill weaves {i} metres a day.", (i + 1,))
+        for i in range(8)
+    ]
+    encoded: list[int] = []
+
+    def progress(n: int) -> None:
+        encoded.append(n)
+        left.set()  # the caller goes away after the first slice
+
+    try:
+        with pytest.raises(FailedPrecondition, match=re.escape(STOPPED)):
+            await asyncio.to_thread(sink.put, "loom", "h1", chunks, progress)
+        assert encoded == [2]  # one slice of four, then stopped
+        assert index.store.held("loom") is None and index.store.view.generation == 0
     finally:
         index.close()
 
