@@ -3,6 +3,7 @@ backfill bookkeeping, with hand-made vectors (the encoders have their own tests)
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -148,16 +149,9 @@ def test_an_index_without_vectors_loads_without_them_until_they_are_set(tmp_path
         IndexStore(tmp_path, SPARSE_ONLY).set_dense({}, {})
 
 
-def test_readers_never_see_a_write_in_progress(tmp_path: Path) -> None:
-    """A request deciding "unchanged" or "held by another collection" reads the store without
-    the writers' lock: while another write is between its change in memory and its commit (and
-    may yet roll back), readers see the last commit, and a write that fails is never seen."""
-    import contextlib
-    import threading
-
-    store = IndexStore(tmp_path, SPARSE_ONLY)
-    store.load()
-    store.put_encoded("atlas", "h1", chunks("atlas", 2), rows(2, first_term=10))
+def paused_snapshots(store: IndexStore) -> tuple[threading.Event, threading.Event, list[bool]]:
+    """Make the store's next snapshot writes wait: ``writing`` is set when one is due,
+    ``go_on`` lets it go, and it fails (the disk went away) while ``fail[0]``."""
     real_write = store._write_snapshot
     writing, go_on = threading.Event(), threading.Event()
     fail = [False]
@@ -170,6 +164,19 @@ def test_readers_never_see_a_write_in_progress(tmp_path: Path) -> None:
         real_write(view)
 
     store._write_snapshot = paused  # type: ignore[method-assign]
+    return writing, go_on, fail
+
+
+def test_readers_never_see_a_write_in_progress(tmp_path: Path) -> None:
+    """A request deciding "unchanged" or "held by another collection" reads the store without
+    the writers' lock: while another write is between its change in memory and its commit (and
+    may yet roll back), readers see the last commit, and a write that fails is never seen."""
+    import contextlib
+
+    store = IndexStore(tmp_path, SPARSE_ONLY)
+    store.load()
+    store.put_encoded("atlas", "h1", chunks("atlas", 2), rows(2, first_term=10))
+    writing, go_on, fail = paused_snapshots(store)
     replaced = [
         Chunk(c.chunk_id, c.doc_id, c.ordinal, c.text, c.pages, collection="other")
         for c in chunks("atlas", 3)
@@ -210,7 +217,6 @@ def test_dense_missing_reads_the_last_commit(tmp_path: Path) -> None:
     """While the vectors of an index that lacked them are being committed (and may yet roll
     back), readers still see them missing; once committed, not; a failed commit, missing."""
     import contextlib
-    import threading
 
     sparse_only = IndexStore(tmp_path, SPARSE_ONLY)
     sparse_only.load()
@@ -218,18 +224,7 @@ def test_dense_missing_reads_the_last_commit(tmp_path: Path) -> None:
     store = IndexStore(tmp_path, WITH_DENSE)
     store.load()
     assert store.dense_missing
-    real_write = store._write_snapshot
-    writing, go_on = threading.Event(), threading.Event()
-    fail = [False]
-
-    def paused(view: IndexView) -> None:
-        writing.set()
-        assert go_on.wait(30)
-        if fail[0]:
-            raise OSError("the disk went away")
-        real_write(view)
-
-    store._write_snapshot = paused  # type: ignore[method-assign]
+    writing, go_on, fail = paused_snapshots(store)
 
     def embed() -> None:
         with contextlib.suppress(OSError):  # the failing round's
