@@ -178,6 +178,7 @@ others go on. Any other status (no server, no permission) ends the run."""
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
+    import heapq
     import queue
 
     from tqdm import tqdm
@@ -187,6 +188,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     from ragline.v1 import ragline_pb2
     from services.client import MAX_MESSAGE_BYTES
     from services.convert import ingest_from_pb
+    from services.remote import retry_after
 
     started = time.perf_counter()
     report = IngestReport()
@@ -197,32 +199,48 @@ def cmd_upload(args: argparse.Namespace) -> int:
     sources = {at: utf8_name(path) for at, path in files}
     refused = duplicate_uploads([utf8_name(path.name) for _, path in files])
     stub = _stub(args)
+    attempts = Settings().server.retry_attempts
     landed = None
     # by position among the entries: the report keeps the order the paths were named
     outcomes: dict[int, list[FileResult]] = {
         at: [e] for at, e in enumerate(entries) if isinstance(e, FileResult)
     }
-    calls: dict[int, grpc.Future] = {}  # at most --jobs files in flight (and in memory)
+    # files read and not yet settled, in flight or due again: at most --jobs (held in memory)
+    requests: dict[int, ragline_pb2.IngestRequest] = {}
+    calls: dict[int, grpc.Future] = {}  # the files in flight
+    due: list[tuple[float, int]] = []  # (when, position): a busy server asked to come back
+    until: dict[int, float] = {}  # each file's --timeout, from its first sending (monotonic)
+    tries: dict[int, int] = {}
+    sending: list[int] = []  # a call being started: Ctrl-C then cannot tell if it landed
     finished: queue.SimpleQueue[int] = queue.SimpleQueue()  # positions, as their calls end
     ended: grpc.RpcError | None = None  # a status that ends the run: no file is sent after it
     waiting = iter(enumerate(files))
     bar = tqdm(total=len(files), desc="upload", unit="file", disable=args.quiet or not files)
 
-    taken: set[int] = set()  # taken to be sent, not yet settled nor in flight
-
     def settled(at: int, results: list[FileResult]) -> None:
         outcomes[at] = results
-        taken.discard(at)
+        requests.pop(at, None)
         bar.update(1)
+
+    def unsettled(at: int, reason: str) -> FileResult:
+        return FileResult(sources[at], "", "failed", reason=reason)
 
     def failed(at: int, reason: str) -> None:
         settled(at, [unsettled(at, reason)])
 
+    def call(at: int) -> None:
+        """Send a file already read, with what is left of its --timeout."""
+        sending.append(at)
+        future = stub.Ingest.future(requests[at], timeout=max(until[at] - time.monotonic(), 0))
+        calls[at] = future
+        sending.remove(at)
+        tries[at] = tries.get(at, 0) + 1
+        future.add_done_callback(lambda _, at=at: finished.put(at))
+
     def send_next() -> bool:
-        """Start the next file's call (False: none left). Files refused or unreadable here
+        """Read and send the next file (False: none left). Files refused or unreadable here
         are settled on the way, without a call."""
         for number, (at, path) in waiting:
-            taken.add(at)
             if number in refused:
                 settled(at, [replace(refused[number], source=sources[at])])
                 continue
@@ -239,51 +257,70 @@ def cmd_upload(args: argparse.Namespace) -> int:
                 continue
             bar.set_postfix_str(utf8_name(path.name))
             document = ragline_pb2.Document(name=utf8_name(path.name), content=data)
-            request = ragline_pb2.IngestRequest(
+            requests[at] = ragline_pb2.IngestRequest(
                 documents=[document],
                 collection=args.collection,
                 replace_other_paths=args.replace_other_paths,
             )
-            call = stub.Ingest.future(request, timeout=args.timeout)
-            calls[at] = call
-            taken.discard(at)
-            call.add_done_callback(lambda _, at=at: finished.put(at))
+            until[at] = time.monotonic() + args.timeout
+            call(at)
             return True
         return False
 
-    def unsettled(at: int, reason: str) -> FileResult:
-        return FileResult(sources[at], "", "failed", reason=reason)
+    def again_later(at: int, exc: grpc.RpcError) -> bool:
+        """Whether a refused file is sent again: the server was busy and said when to come
+        back, and that fits in the file's --timeout and RAGLINE_SERVER_RETRY_ATTEMPTS."""
+        hint = retry_after(exc) if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+        if ended is not None or hint is None or tries[at] >= attempts:
+            return False
+        when = time.monotonic() + hint
+        if when >= until[at]:
+            return False
+        heapq.heappush(due, (when, at))
+        return True
 
     def finish() -> None:
         report.results += [r for at in sorted(outcomes) for r in outcomes[at]]
         report.seconds = time.perf_counter() - started
 
     def cut_short(reason: str) -> None:
-        """Report a run that ended early: the files never sent are refused here as before,
-        else ``reason``."""
+        """Report a run that ended early: a file never sent is refused here as before, else
+        ``reason`` (as is one read, or waiting to be sent again, when the run ended)."""
         for number, (at, _) in waiting:
             if number in refused:
                 outcomes[at] = [replace(refused[number], source=sources[at])]
-            else:
-                outcomes[at] = [unsettled(at, reason)]
+        for at in sources:
+            outcomes.setdefault(at, [unsettled(at, reason)])
         finish()
         _print_report(report, args)
 
-    try:
-        while ended is None and len(calls) < args.jobs and send_next():
+    def fill() -> None:
+        while ended is None and len(requests) < args.jobs and send_next():
             pass
-        while calls:
-            at = finished.get()
-            call = calls.pop(at)
+
+    try:
+        fill()
+        while calls or (due and ended is None):
             try:
-                reply = call.result()
+                at = finished.get(timeout=max(due[0][0] - time.monotonic(), 0) if due else None)
+            except queue.Empty:  # a busy server's wait is over
+                while due and due[0][0] <= time.monotonic():
+                    call(heapq.heappop(due)[1])
+                continue
+            try:
+                reply = calls[at].result()
             except grpc.RpcError as exc:
+                if again_later(at, exc):
+                    del calls[at]
+                    continue
                 reason = f"{exc.code().name}: {exc.details()}"
+                if tries[at] > 1:
+                    reason += f" (sent {tries[at]} times: the server was busy)"
                 if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     reason += (
-                        f" (--timeout {args.timeout:g} s counts from when the file was sent, "
-                        f"{args.jobs} at a time: it may not have landed; send it again with "
-                        "more time)"
+                        f" (--timeout {args.timeout:g} s counts from when the file was first "
+                        f"sent, {args.jobs} at a time: it may not have landed; send it again "
+                        "with more time)"
                     )
                 elif exc.code() not in _PER_FILE:  # the run ends: what became of it is unknown
                     ended = ended or exc
@@ -294,14 +331,16 @@ def cmd_upload(args: argparse.Namespace) -> int:
                 settled(at, [replace(r, source=sources[at]) for r in got.results])
                 if landed is None or info.generation >= landed.generation:
                     landed = info
-            while ended is None and len(calls) < args.jobs and send_next():
-                pass
+            del calls[at]  # settled first: a stop in between cannot lose the outcome
+            fill()
     except BaseException:  # Ctrl-C: what landed is reported, and what may not have
-        for call in calls.values():
-            call.cancel()
+        for future in calls.values():
+            future.cancel()
         bar.close()
-        for at in (*calls, *taken):  # in flight, or being sent when the stop came
-            outcomes[at] = [unsettled(at, "not known whether it landed: the upload was stopped")]
+        for at in (*calls, *sending):  # in flight, or being sent when the stop came
+            outcomes.setdefault(
+                at, [unsettled(at, "not known whether it landed: the upload was stopped")]
+            )
         cut_short("not sent: the upload was stopped")
         raise
     bar.close()
@@ -376,9 +415,8 @@ def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from ragline.v1 import ragline_pb2_grpc
     from services.client import open_channel
 
-    # TLS, mTLS and the bearer token from RAGLINE_SERVER_TLS_* and RAGLINE_SERVER_TOKEN; a
-    # busy server's calls are tried again after its hint (RAGLINE_SERVER_RETRY_ATTEMPTS)
-    channel = open_channel(Settings().server, _target(args), retry_busy=True)
+    # TLS, mTLS and the bearer token from RAGLINE_SERVER_TLS_* and RAGLINE_SERVER_TOKEN
+    channel = open_channel(Settings().server, _target(args))
     return ragline_pb2_grpc.RaglineStub(channel)
 
 

@@ -31,23 +31,17 @@ RAGLINE_SERVICES = (
 )
 
 
-def service_config(server: ServerSettings, retry_busy: bool = False) -> str:
+def service_config(server: ServerSettings) -> str:
     """The gRPC service config of every ragline channel: calls that fail UNAVAILABLE (a
     stage restarting, a connection the server aged out) are retried with exponential backoff,
     within the call's deadline. Every ragline RPC may be retried: reads are pure, and ingest
-    and delete are idempotent (content hashes, ids).
-
-    With ``retry_busy`` (the CLI's channel) RESOURCE_EXHAUSTED is retried too, after the wait
-    the server's ``grpc-retry-pushback-ms`` trailer names (a busy server's hint); the server
-    sends -1, no retry, where waiting cannot help. A stage's own channels do not: the gateway
-    passes a busy stage on to its caller at once (load shedding), and the caller decides."""
-    codes = ["UNAVAILABLE", "RESOURCE_EXHAUSTED"] if retry_busy else ["UNAVAILABLE"]
+    and delete are idempotent (content hashes, ids)."""
     policy = {
         "maxAttempts": server.retry_attempts,
         "initialBackoff": _duration(server.retry_backoff_s),
         "maxBackoff": _duration(max(1.0, server.retry_backoff_s * 8)),
         "backoffMultiplier": 2,
-        "retryableStatusCodes": codes,
+        "retryableStatusCodes": ["UNAVAILABLE"],
     }
     config: dict[str, Any] = {
         "methodConfig": [{"name": [{"service": s} for s in RAGLINE_SERVICES]}]
@@ -63,17 +57,13 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
 
 
-def channel_options(server: ServerSettings, retry_busy: bool = False) -> list[tuple[str, Any]]:
-    """Message limits, retries (:func:`service_config`), keepalive and reconnect backoff of a
-    client channel."""
+def channel_options(server: ServerSettings) -> list[tuple[str, Any]]:
+    """Message limits, retries, keepalive and reconnect backoff of a client channel."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.enable_retries", 1),
-        ("grpc.service_config", service_config(server, retry_busy)),
-        # a call is retried only while its request fits this buffer (256 KiB by default):
-        # an upload carries a whole PDF, already in memory for the call
-        ("grpc.per_rpc_retry_buffer_size", MAX_MESSAGE_BYTES if retry_busy else 256 * 1024),
+        ("grpc.service_config", service_config(server)),
         ("grpc.keepalive_time_ms", server.keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", server.keepalive_timeout_ms),
         ("grpc.keepalive_permit_without_calls", 1),
@@ -192,16 +182,14 @@ def _warn_plaintext_token(target: str) -> None:
     )
 
 
-def open_channel(
-    server: ServerSettings, target: str, aio: bool = False, retry_busy: bool = False
-) -> Any:
+def open_channel(server: ServerSettings, target: str, aio: bool = False) -> Any:
     """A channel to ``target`` (``grpc.aio`` with ``aio``): secure when TLS is configured,
-    every call carrying the configured bearer token; ``retry_busy``: :func:`service_config`.
+    every call carrying the configured bearer token.
 
     Raises:
         ValueError: a configured certificate or key file is missing or not PEM.
     """
-    options = channel_options(server, retry_busy)
+    options = channel_options(server)
     credentials = _credentials(server)
     if server.token and credentials is None and not is_loopback(target):
         _warn_plaintext_token(target)

@@ -66,8 +66,9 @@ def method_group(method: str) -> str:
     return "answer" if method in ANSWER_METHODS else "default"
 
 
-def to_status(exc: RaglineError) -> grpc.Status:
-    """A domain error as a gRPC status with ``google.rpc`` details."""
+def to_status(exc: RaglineError, left_s: float | None = None) -> grpc.Status:
+    """A domain error as a gRPC status with ``google.rpc`` details; ``left_s``: the seconds
+    left before the call's deadline (a hint that does not fit in them is no hint)."""
     code = grpc.StatusCode[exc.code]
     status = status_pb2.Status(code=code.value[0], message=exc.message)
     if exc.violations:
@@ -92,10 +93,13 @@ def to_status(exc: RaglineError) -> grpc.Status:
     out = rpc_status.to_status(status)
     if code is not grpc.StatusCode.RESOURCE_EXHAUSTED:
         return out
-    # gRPC's own retry policy (gRFC A6) reads this trailer: a client configured to retry
-    # RESOURCE_EXHAUSTED (`ragline upload`, the CLI) waits the hint; without a hint (no space
-    # left, a limit the request itself breaks) it must not retry at all (-1).
-    pushback = str(int(exc.retry_after_s * 1000)) if exc.retry_after_s is not None else "-1"
+    # gRPC's own retry policy (gRFC A6) reads this trailer: a client whose policy retries
+    # RESOURCE_EXHAUSTED waits the hint; where waiting cannot help (no hint: no space left, a
+    # limit the request itself breaks; or a hint past the call's deadline, which gRPC would
+    # wait out to a bare DEADLINE_EXCEEDED) it must not retry at all (-1).
+    hint = exc.retry_after_s
+    fits = hint is not None and (left_s is None or hint < left_s)
+    pushback = str(int(hint * 1000)) if fits and hint is not None else "-1"
     return _Status(
         out.code, out.details, (*out.trailing_metadata, ("grpc-retry-pushback-ms", pushback))
     )
@@ -334,7 +338,7 @@ class _Call:
     async def _abort(self, exc: RaglineError) -> None:
         self.code = grpc.StatusCode[exc.code]
         self._record()
-        status = to_status(exc)
+        status = to_status(exc, self.left())
         await self.context.abort(status.code, status.details, status.trailing_metadata)
 
     def _record(self) -> None:

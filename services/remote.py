@@ -74,10 +74,7 @@ def error_from_rpc(
                 violations = tuple(
                     errors.FieldViolation(v.field, v.description) for v in bad.field_violations
                 )
-            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                info = error_details_pb2.RetryInfo()
-                detail.Unpack(info)
-                retry_after_s = info.retry_delay.ToMilliseconds() / 1000
+        retry_after_s = _retry_after(status)
     kind = _PASSED_ON.get(code)
     if kind is not None:
         return kind(exc.details() or code.name, violations=violations, retry_after_s=retry_after_s)
@@ -87,7 +84,25 @@ def error_from_rpc(
     return errors.Unavailable(f"{stage}: {said}", retry_after_s=retry_after_s or RETRY_AFTER_S)
 
 
-def _status_of(exc: grpc.aio.AioRpcError) -> Any:
+def retry_after(exc: grpc.RpcError) -> float | None:
+    """The seconds a server's ``RetryInfo`` asks a caller to wait before sending the call
+    again (None: the status carries none)."""
+    status = _status_of(exc)
+    return _retry_after(status) if status is not None else None
+
+
+def _retry_after(status: Any) -> float | None:
+    from google.rpc import error_details_pb2
+
+    for detail in status.details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return float(info.retry_delay.ToMilliseconds() / 1000)
+    return None
+
+
+def _status_of(exc: grpc.RpcError) -> Any:
     try:
         return rpc_status.from_call(exc)
     except ValueError:  # details that do not match the status: ignore them

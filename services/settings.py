@@ -206,9 +206,8 @@ class ServerSettings(BaseSettings):
         4,
         ge=1,
         le=5,
-        description="Client channels: attempts of a call that failed UNAVAILABLE (gRPC retry "
-        "policy; 1 = no retries). Retries back off from RETRY_BACKOFF_S, doubling. The CLI "
-        "also retries a busy server's RESOURCE_EXHAUSTED after the server's hint.",
+        description="Stage clients: attempts of a call that failed UNAVAILABLE (gRPC retry "
+        "policy; 1 = no retries). Retries back off from RETRY_BACKOFF_S, doubling.",
     )
     retry_backoff_s: float = Field(
         0.05, ge=0.001, le=5, description="First retry's (randomised) backoff."

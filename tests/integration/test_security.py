@@ -847,8 +847,8 @@ async def test_the_cli_sends_again_when_the_server_is_busy(  # type: ignore[no-u
     server, tmp_path, redis_url, monkeypatch
 ) -> None:
     """A server with every request slot taken answers RESOURCE_EXHAUSTED with a retry hint:
-    `ragline upload` sends the file again after it (gRPC's retry policy, the server's
-    pushback trailer), and the file lands once a slot is free."""
+    `ragline upload` sends the file again after it, and the file lands once a slot is free;
+    a hint the file's --timeout leaves no time for is its outcome at once."""
     settings = make_settings(tmp_path, redis_url)
     settings.server.max_concurrent_rpcs = 1
     running = await serve_beside(settings, server)
@@ -864,27 +864,32 @@ async def test_the_cli_sends_again_when_the_server_is_busy(  # type: ignore[no-u
         "ragline.v1.Ragline", "Ingest", "unary", "RESOURCE_EXHAUSTED"
     )
     pdf = write_pdf(tmp_path / "up" / "sluice.pdf", ["The mill sluice opens at the third bell."])
+
+    def upload(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "services.cli", "upload", str(pdf), "-q"]
+            + [f"--target=127.0.0.1:{running.port}", *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     try:
         channel, stub = _stub(running.port)
         async with channel:
             occupier = asyncio.ensure_future(
                 stub.Retrieve(ragline_pb2.RetrieveRequest(query="mill sluice"), timeout=120)
             )
-            uploading = asyncio.ensure_future(
-                asyncio.to_thread(
-                    subprocess.run,
-                    [sys.executable, "-m", "services.cli", "upload", str(pdf), "-q"]
-                    + [f"--target=127.0.0.1:{running.port}", "--timeout=60"],
-                    cwd=ROOT,
-                    capture_output=True,
-                    text=True,
-                    timeout=120,
-                )
-            )
+            started = time.monotonic()
+            hurried = await asyncio.to_thread(upload, "--timeout=0.4")  # the hint is 0.5 s
+            assert hurried.returncode == 1 and "RESOURCE_EXHAUSTED: server busy" in hurried.stderr
+            assert time.monotonic() - started < 30 and refused._value.get() == 1
+            uploading = asyncio.ensure_future(asyncio.to_thread(upload, "--timeout=60"))
             deadline = time.monotonic() + 60
-            while not refused._value.get() and time.monotonic() < deadline:
+            while refused._value.get() < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)  # the server answers on this loop
-            assert refused._value.get() >= 1, "the upload was never refused as busy"
+            assert refused._value.get() >= 2, "the upload was never refused as busy"
             release.set()
             await occupier
             sent = await uploading

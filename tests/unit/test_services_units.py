@@ -267,32 +267,24 @@ def test_a_small_retry_backoff_is_a_valid_service_config_duration() -> None:
     assert policy["initialBackoff"] == "0.001s" and policy["maxBackoff"] == "1s"
 
 
-def test_busy_is_retried_after_the_servers_hint_by_the_cli_only() -> None:
-    """RESOURCE_EXHAUSTED carries gRPC's pushback trailer: the hint in ms, or -1 (do not
-    retry) where waiting cannot help; only the CLI's channels retry it."""
-    import json
-
+def test_busy_carries_grpcs_pushback_trailer_where_waiting_helps() -> None:
+    """RESOURCE_EXHAUSTED carries gRPC's pushback trailer (for a client whose retry policy
+    retries it): the hint in ms, or -1 (do not retry) where waiting cannot help: no hint, or a
+    hint the call's deadline does not leave time for."""
     import grpc
 
-    from ragline.errors import InvalidArgument, ResourceExhausted
-    from services.client import service_config
+    from ragline.errors import InvalidArgument, RaglineError, ResourceExhausted
     from services.interceptors import to_status
-    from services.settings import ServerSettings
 
-    def pushback(exc: Exception) -> str | None:
-        return dict(to_status(exc).trailing_metadata).get("grpc-retry-pushback-ms")  # type: ignore[arg-type]
+    def pushback(exc: RaglineError, left_s: float | None = None) -> str | None:
+        return dict(to_status(exc, left_s).trailing_metadata).get("grpc-retry-pushback-ms")
 
-    assert pushback(ResourceExhausted("server busy", retry_after_s=0.5)) == "500"
+    busy = ResourceExhausted("server busy", retry_after_s=0.5)
+    assert pushback(busy) == "500" and pushback(busy, left_s=30) == "500"
+    assert pushback(busy, left_s=0.4) == "-1"  # gRPC would wait out the deadline
     assert pushback(ResourceExhausted("no space left")) == "-1"
     assert pushback(InvalidArgument("bad query")) is None
-    assert to_status(ResourceExhausted("busy")).code is grpc.StatusCode.RESOURCE_EXHAUSTED
-
-    def codes(retry_busy: bool) -> list[str]:
-        config = json.loads(service_config(ServerSettings(), retry_busy))
-        return config["methodConfig"][0]["retryPolicy"]["retryableStatusCodes"]
-
-    assert codes(False) == ["UNAVAILABLE"]
-    assert codes(True) == ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]
+    assert to_status(busy).code is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def test_client_commands_refuse_arguments_that_are_not_utf8(
@@ -453,7 +445,8 @@ def test_an_upload_stopped_while_a_file_is_read_reports_every_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C while the next file is read (a large file on a slow disk): that file is in the
-    report too, with the one in flight and the one never sent, and the run ends 130."""
+    report too (not sent), with the one in flight and the one never read, and the run ends
+    130."""
     import json
 
     from services.cli import main
@@ -475,7 +468,7 @@ def test_an_upload_stopped_while_a_file_is_read_reports_every_file(
     files = json.loads(report.read_text())["files"]
     assert [(Path(f["source"]).name, f["reason"].split(":")[0]) for f in files] == [
         ("a-first.pdf", "not known whether it landed"),
-        ("b-read.pdf", "not known whether it landed"),
+        ("b-read.pdf", "not sent"),
         ("c-later.pdf", "not sent"),
     ]
 
