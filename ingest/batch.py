@@ -35,6 +35,7 @@ from ingest.layout import MAX_REPORTED_CHARS, MAX_REPORTED_LINES
 from ingest.pdf import (
     ParsedDocument,
     PdfLimits,
+    check_size,
     doc_id_for,
     document_identity,
     read_pdf,
@@ -369,6 +370,7 @@ def ingest_one(
     try:
         doc_id = doc_id_for(name)
         limits = in_process(limits) if parse is None else limits or PdfLimits()
+        check_size(data, name, limits)  # before hashing it, or copying it to a parser
         identity = document_identity(data, settings_key(chunker, limits))
         unchanged, previous = _compare(sink, doc_id, identity, collection, limits)
         if unchanged:
@@ -425,8 +427,9 @@ def _held_by_other_source(sink: DocumentSink, doc_id: str, collection: str) -> s
     stored = sink.held(doc_id)
     if stored is None or (not stored.path and stored.collection == collection):
         return None
+    # the uploader may not read the server's files: its path is none of its business
     held = (
-        f"the file {stored.path}"
+        "a file the server read from its own disk"
         if stored.path
         else f"an upload to collection {stored.collection!r}"
     )

@@ -280,6 +280,20 @@ def ocr_dpi(width_pt: float, height_pt: float) -> int:
     return max(1, min(OCR_DPI, int((OCR_MAX_PIXELS / square_inches) ** 0.5)))
 
 
+def check_size(data: bytes, name: str, limits: PdfLimits) -> None:
+    """Refuse a document over ``limits.max_bytes`` (before it is hashed, copied to a parser
+    process or opened).
+
+    Raises:
+        InvalidArgument: over the limit.
+    """
+    if len(data) > limits.max_bytes:
+        raise InvalidArgument.for_field(
+            "document",
+            f"{utf8_name(name)}: {len(data)} bytes is over the limit of {limits.max_bytes}",
+        )
+
+
 def read_pdf(
     data: bytes,
     name: str,
@@ -299,8 +313,7 @@ def read_pdf(
     def bad(description: str) -> InvalidArgument:
         return InvalidArgument.for_field("document", f"{name}: {description}")
 
-    if len(data) > limits.max_bytes:
-        raise bad(f"{len(data)} bytes is over the limit of {limits.max_bytes}")
+    check_size(data, name, limits)
     if not data.lstrip()[:1024].startswith(PDF_MAGIC):
         raise bad("not a PDF (no %PDF- header)")
     try:

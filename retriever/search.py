@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -211,7 +211,11 @@ class Retriever:
             self.singleflight_joins += 1
             try:
                 shared = await asyncio.shield(pending)
-                return RetrievalResult(list(shared.hits), shared.cache_hit, shared.generation, {})
+                # the key leaves `explain` out: the leader's hits carry terms as it asked
+                hits = [replace(h, terms=()) if h.terms else h for h in shared.hits]
+                if options.explain:
+                    hits = await self._explain(view, query, hits)
+                return RetrievalResult(hits, shared.cache_hit, shared.generation, {})
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():

@@ -176,6 +176,10 @@ _PER_FILE = (
 """Upload outcomes that concern the file sent (its name, its size, the time it takes): the
 others go on. Any other status (no server, no permission) ends the run."""
 
+_LEAST_CALL_S = 1.0
+"""A file a busy server refused is sent again only with at least this long left of its
+--timeout: less cannot parse and encode a PDF, and would only turn "busy" into a deadline."""
+
 
 def cmd_upload(args: argparse.Namespace) -> int:
     import heapq
@@ -199,7 +203,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     sources = {at: utf8_name(path) for at, path in files}
     refused = duplicate_uploads([utf8_name(path.name) for _, path in files])
     stub = _stub(args)
-    attempts = Settings().server.retry_attempts
+    client = Settings().server
     landed = None
     # by position among the entries: the report keeps the order the paths were named
     outcomes: dict[int, list[FileResult]] = {
@@ -211,6 +215,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
     due: list[tuple[float, int]] = []  # (when, position): a busy server asked to come back
     until: dict[int, float] = {}  # each file's --timeout, from its first sending (monotonic)
     tries: dict[int, int] = {}
+    refusals: dict[int, str] = {}  # a busy server's last refusal of each file sent again
     sending: list[int] = []  # a call being started: Ctrl-C then cannot tell if it landed
     finished: queue.SimpleQueue[int] = queue.SimpleQueue()  # positions, as their calls end
     ended: grpc.RpcError | None = None  # a status that ends the run: no file is sent after it
@@ -269,15 +274,27 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
     def again_later(at: int, exc: grpc.RpcError) -> bool:
         """Whether a refused file is sent again: the server was busy and said when to come
-        back, and that fits in the file's --timeout and RAGLINE_SERVER_RETRY_ATTEMPTS."""
+        back (waited at least the client's backoff), RAGLINE_SERVER_RETRY_ATTEMPTS sends in all
+        allow it, and the file's --timeout leaves a call worth making after the wait."""
         hint = retry_after(exc) if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
-        if ended is not None or hint is None or tries[at] >= attempts:
+        if ended is not None or hint is None or tries[at] >= client.retry_attempts:
             return False
-        when = time.monotonic() + hint
-        if when >= until[at]:
+        when = time.monotonic() + max(hint, client.retry_backoff_s * 2 ** (tries[at] - 1))
+        if until[at] - when < _LEAST_CALL_S:
             return False
+        refusals[at] = f"{exc.code().name}: {exc.details()}"
         heapq.heappush(due, (when, at))
         return True
+
+    def send_due() -> None:
+        """Send again the files whose wait is over, before any new file (a file whose
+        --timeout ran short meanwhile, while files were read, ends with its refusal)."""
+        while ended is None and due and due[0][0] <= time.monotonic():
+            at = heapq.heappop(due)[1]
+            if until[at] - time.monotonic() < _LEAST_CALL_S:
+                failed(at, f"{refusals[at]} (sent {tries[at]} times; no time left to send again)")
+            else:
+                call(at)
 
     def finish() -> None:
         report.results += [r for at in sorted(outcomes) for r in outcomes[at]]
@@ -289,6 +306,8 @@ def cmd_upload(args: argparse.Namespace) -> int:
         for number, (at, _) in waiting:
             if number in refused:
                 outcomes[at] = [replace(refused[number], source=sources[at])]
+        for _, at in due:
+            outcomes.setdefault(at, [unsettled(at, f"{reason}; refused before ({refusals[at]})")])
         for at in sources:
             outcomes.setdefault(at, [unsettled(at, reason)])
         finish()
@@ -299,13 +318,15 @@ def cmd_upload(args: argparse.Namespace) -> int:
             pass
 
     try:
-        fill()
-        while calls or (due and ended is None):
+        while True:
+            send_due()
+            fill()
+            waits = due and ended is None
+            if not calls and not waits:
+                break
             try:
-                at = finished.get(timeout=max(due[0][0] - time.monotonic(), 0) if due else None)
+                at = finished.get(timeout=max(due[0][0] - time.monotonic(), 0) if waits else None)
             except queue.Empty:  # a busy server's wait is over
-                while due and due[0][0] <= time.monotonic():
-                    call(heapq.heappop(due)[1])
                 continue
             try:
                 reply = calls[at].result()
@@ -315,7 +336,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
                     continue
                 reason = f"{exc.code().name}: {exc.details()}"
                 if tries[at] > 1:
-                    reason += f" (sent {tries[at]} times: the server was busy)"
+                    reason += f" (sent {tries[at]} times: the server was busy before)"
                 if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     reason += (
                         f" (--timeout {args.timeout:g} s counts from when the file was first "
@@ -332,7 +353,6 @@ def cmd_upload(args: argparse.Namespace) -> int:
                 if landed is None or info.generation >= landed.generation:
                     landed = info
             del calls[at]  # settled first: a stop in between cannot lose the outcome
-            fill()
     except BaseException:  # Ctrl-C: what landed is reported, and what may not have
         for future in calls.values():
             future.cancel()
@@ -415,8 +435,9 @@ def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from ragline.v1 import ragline_pb2_grpc
     from services.client import open_channel
 
-    # TLS, mTLS and the bearer token from RAGLINE_SERVER_TLS_* and RAGLINE_SERVER_TOKEN
-    channel = open_channel(Settings().server, _target(args))
+    # TLS, mTLS and the bearer token from RAGLINE_SERVER_TLS_* and RAGLINE_SERVER_TOKEN; an
+    # upload too is sent again when the server was UNAVAILABLE (RAGLINE_SERVER_RETRY_ATTEMPTS)
+    channel = open_channel(Settings().server, _target(args), large_requests=True)
     return ragline_pb2_grpc.RaglineStub(channel)
 
 
@@ -889,8 +910,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=_count(1, 16),
         default=2,
         help="files in flight at once (default 2: a server parses one while it encodes "
-        "another; each file sent is held in memory until its call ends, and its --timeout "
-        "counts from its sending, time queued behind the others included)",
+        "another; each file sent is held in memory until it is settled, waits to send it "
+        "again to a busy server included, and its --timeout counts from its first sending, "
+        "time queued behind the others included)",
     )
     _client_args(p, timeout=600.0, timeout_help="deadline of each file's call in seconds")
     p.set_defaults(func=cmd_upload)

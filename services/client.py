@@ -57,13 +57,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
 
 
-def channel_options(server: ServerSettings) -> list[tuple[str, Any]]:
-    """Message limits, retries, keepalive and reconnect backoff of a client channel."""
+def channel_options(server: ServerSettings, large_requests: bool = False) -> list[tuple[str, Any]]:
+    """Message limits, retries, keepalive and reconnect backoff of a client channel.
+    ``large_requests``: gRPC retries a call only while its request fits the retry buffer
+    (256 KiB by default); an upload carries a whole PDF (already in memory for the call)."""
+    buffer = MAX_MESSAGE_BYTES if large_requests else 256 * 1024
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.enable_retries", 1),
         ("grpc.service_config", service_config(server)),
+        ("grpc.per_rpc_retry_buffer_size", buffer),
         ("grpc.keepalive_time_ms", server.keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", server.keepalive_timeout_ms),
         ("grpc.keepalive_permit_without_calls", 1),
@@ -182,14 +186,17 @@ def _warn_plaintext_token(target: str) -> None:
     )
 
 
-def open_channel(server: ServerSettings, target: str, aio: bool = False) -> Any:
+def open_channel(
+    server: ServerSettings, target: str, aio: bool = False, large_requests: bool = False
+) -> Any:
     """A channel to ``target`` (``grpc.aio`` with ``aio``): secure when TLS is configured,
-    every call carrying the configured bearer token.
+    every call carrying the configured bearer token; ``large_requests``: see
+    :func:`channel_options`.
 
     Raises:
         ValueError: a configured certificate or key file is missing or not PEM.
     """
-    options = channel_options(server)
+    options = channel_options(server, large_requests)
     credentials = _credentials(server)
     if server.token and credentials is None and not is_loopback(target):
         _warn_plaintext_token(target)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+import numpy as np
 from opentelemetry import trace
 from prometheus_client.core import Metric
 
@@ -35,6 +36,11 @@ from services.stages import GenerationStage, GraphStage, IndexInfo, IndexStage, 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+QUERY_PADDING = 8
+"""A query longer than this many times the limit as sent is refused before it is stripped
+or normalised (whitespace around a query is free, but 100 MB of it held the event loop for
+seconds)."""
 
 tracer = trace.get_tracer("ragline.gateway")
 """A span per stage of a request (a no-op unless tracing is set up: services.tracing)."""
@@ -180,10 +186,14 @@ class Gateway:
         or combining characters alone, which the encoders read as nothing: the hits were
         arbitrary)."""
         limit = self.limits.max_query_chars
-        sent = len(query.strip())
-        if sent > limit:
+        if len(query) > QUERY_PADDING * limit:  # before any pass over it, on the event loop
             raise InvalidArgument.for_field(
-                "query", f"is {sent} characters, over the limit of {limit}"
+                "query", f"is {len(query)} characters, over the limit of {limit}"
+            )
+        query = query.strip()
+        if len(query) > limit:
+            raise InvalidArgument.for_field(
+                "query", f"is {len(query)} characters, over the limit of {limit}"
             )
         text = query_text(query)
         if not text:
@@ -228,7 +238,9 @@ class Gateway:
         """A request's threshold: 0 (the filter's own) or a probability within the configured
         bounds, whichever filter runs; the same request means the same thing everywhere."""
         lo, hi = self.limits.threshold_bounds
-        if threshold != 0 and not (math.isfinite(threshold) and lo <= threshold <= hi):
+        # the wire's float32: 0.99 arrives as 0.9900000095, which is the bound as sent
+        low, high = float(np.float32(lo)), float(np.float32(hi))
+        if threshold != 0 and not (math.isfinite(threshold) and low <= threshold <= high):
             raise InvalidArgument.for_field(
                 "threshold", f"must be 0 (server default) or in [{lo:g}, {hi:g}], got {threshold:g}"
             )

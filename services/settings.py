@@ -206,8 +206,10 @@ class ServerSettings(BaseSettings):
         4,
         ge=1,
         le=5,
-        description="Stage clients: attempts of a call that failed UNAVAILABLE (gRPC retry "
-        "policy; 1 = no retries). Retries back off from RETRY_BACKOFF_S, doubling.",
+        description="Stage clients and the CLI: attempts of a call that failed UNAVAILABLE "
+        "(gRPC retry policy; 1 = no retries). Retries back off from RETRY_BACKOFF_S, "
+        "doubling. `ragline upload` also sends a file a busy server refused at most this many "
+        "times in all, after the server's hint.",
     )
     retry_backoff_s: float = Field(
         0.05, ge=0.001, le=5, description="First retry's (randomised) backoff."

@@ -175,6 +175,11 @@ async def test_retrieve_and_score_carry_calibrated_scores(
             await public.Answer(ragline_pb2.AnswerRequest(query="frobctl", threshold=0.2))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "threshold" in (err.value.details() or "")
+        # the upper bound as the wire carries it (float32: 0.9900000095) is inside
+        strict = await public.Answer(
+            ragline_pb2.AnswerRequest(query="frobctl", threshold=0.99), timeout=120
+        )
+        assert strict.insufficient or strict.answer
         stats = await public.GetStats(ragline_pb2.GetStatsRequest(), timeout=10)
         assert stats.models["evidence_filter"] == "credibility"
 

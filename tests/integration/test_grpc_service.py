@@ -181,6 +181,7 @@ async def test_retrieve_finds_the_right_page_then_hits_the_cache(channel) -> Non
         ("\u200b\u00ad\ufeff", 5, "query"),  # zero-width only: the encoders read nothing
         ("\u0301\u0301 ?", 5, "query"),  # combining marks and punctuation: no letter
         ("x" * 5000, 5, "query"),
+        ("valve" + " " * 100_000, 5, "query"),  # padding is refused before any pass over it
         ("\ufdfa" * 300, 5, "query"),  # 300 characters sent, 5,400 once NFKC-normalised
         ("ok", 1000, "k"),
         ("ok", -1, "k"),

@@ -185,6 +185,27 @@ async def test_concurrent_misses_compute_once(server: RunningServer) -> None:
     assert len(ids) == 1
 
 
+async def test_a_request_joining_another_gets_the_explanation_it_asked_for(
+    server: RunningServer,
+) -> None:
+    """Concurrent misses share one search whatever their `explain` (it does not change the
+    ranking): each still gets terms if, and only if, it asked for them."""
+    retriever = server.gateway.retriever
+    assert isinstance(retriever, Retriever)
+    for leader in (False, True):
+        query = f"Which release adds TLS support? {uuid.uuid4().hex[:8]}"  # never cached
+        before = retriever.singleflight_joins
+        first, second = await asyncio.gather(
+            retriever.search(query, 3, SearchOptions(mode="sparse", explain=leader)),
+            retriever.search(query, 3, SearchOptions(mode="sparse", explain=not leader)),
+        )
+        assert retriever.singleflight_joins - before == 1
+        explained, plain = (first, second) if leader else (second, first)
+        assert explained.hits and all(h.terms for h in explained.hits)
+        assert not any(h.terms for h in plain.hits)
+        assert [h.chunk.chunk_id for h in explained.hits] == [h.chunk.chunk_id for h in plain.hits]
+
+
 def test_dense_index_survives_reload_delete_and_replace(
     tmp_path: Path,
     encoder: SpladeEncoder,

@@ -312,7 +312,8 @@ def test_an_upload_does_not_silently_replace_a_document_from_another_source(
 
     refused = ingest_one(upload, "manual.pdf", index)
     assert refused.status == "failed" and refused.doc_id == "manual"
-    assert str(on_disk.resolve()) in refused.reason and "replace_other_paths" in refused.reason
+    assert "read from its own disk" in refused.reason and "replace_other_paths" in refused.reason
+    assert str(on_disk.parent) not in refused.reason  # the server's paths stay its own
     assert index.view.generation == 1 and index.path_of("manual") == str(on_disk.resolve())
     replaced = ingest_one(upload, "manual.pdf", index, replace_other_paths=True)
     assert replaced.status == "replaced" and index.path_of("manual") == ""
@@ -327,6 +328,26 @@ def test_an_upload_does_not_silently_replace_a_document_from_another_source(
     assert index.collection_of("manual") == "default"
     moved = ingest_one(newer, "manual.pdf", index, collection="team-b", replace_other_paths=True)
     assert moved.status == "replaced" and index.collection_of("manual") == "team-b"
+
+
+def test_an_upload_over_the_size_limit_is_refused_before_a_parser_sees_it(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    """An upload over the byte limit is refused on arrival: it is never hashed, nor copied
+    to a parser process (3 uploads of 200 MiB held 2.5 GiB more before they were refused)."""
+    from ingest.pdf import PdfLimits
+
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+
+    def parser(*_: object) -> str:
+        raise AssertionError("a parser was given an upload over the limit")
+
+    big = b"%PDF-1.7\n" + b"0" * 5000
+    refused = ingest_one(big, "big.pdf", index, limits=PdfLimits(max_bytes=4096), parse=parser)
+    assert refused.status == "failed"
+    assert refused.reason == "document: big.pdf: 5009 bytes is over the limit of 4096"
+    assert index.view.generation == 0
 
 
 def test_two_uploads_of_one_name_in_one_request_refuse_the_later(

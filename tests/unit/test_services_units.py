@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -471,6 +473,101 @@ def test_an_upload_stopped_while_a_file_is_read_reports_every_file(
         ("b-read.pdf", "not sent"),
         ("c-later.pdf", "not sent"),
     ]
+
+
+class _ScriptedIngest:
+    """A gRPC server whose `Ingest` answers each file as scripted, one answer per sending:
+    ("busy", hint s), ("deny", after s), ("unavailable",) or ("ok",). For the upload
+    client's bookkeeping, which needs answers in an order no real server gives on cue."""
+
+    def __init__(self, script: dict[str, list[tuple[Any, ...]]]) -> None:
+        from concurrent import futures
+
+        self.script = script
+        self.sent: list[tuple[str, float]] = []
+        handler = grpc.unary_unary_rpc_method_handler(self._ingest)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("ragline.v1.Ragline", {"Ingest": handler}),)
+        )
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _ingest(self, request: bytes, context: Any) -> bytes:
+        from ragline.errors import ResourceExhausted
+        from ragline.v1 import ragline_pb2
+
+        name = ragline_pb2.IngestRequest.FromString(request).documents[0].name
+        self.sent.append((name, time.monotonic()))
+        action = self.script[name].pop(0)
+        if action[0] == "busy":
+            context.abort_with_status(to_status(ResourceExhausted("busy", retry_after_s=action[1])))
+        if action[0] == "deny":
+            time.sleep(action[1])
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "no ingest scope")
+        if action[0] == "unavailable":
+            context.abort(grpc.StatusCode.UNAVAILABLE, "going away")
+        reply = ragline_pb2.IngestResponse(index_generation=1, chunks_total=1)
+        result = reply.results.add(source=name, doc_id=name[:-4], chunks=1)
+        result.status = ragline_pb2.IngestFileResult.INGESTED
+        return reply.SerializeToString()
+
+
+def test_an_upload_waits_out_a_busy_server_within_its_attempts_and_stops_with_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file a busy server refused is sent again after the hint (at least the client's
+    backoff), at most RAGLINE_SERVER_RETRY_ATTEMPTS times in all; a status that ends the run
+    sends no file again, and the report says what the waiting file went through."""
+    import json
+
+    from services.cli import main
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.pdf").write_bytes(b"%PDF-1.7 " + name.encode())
+    busy = _ScriptedIngest({"a.pdf": [("busy", 0.0)] * 4, "b.pdf": [("busy", 0.1), ("ok",)]})
+    report = tmp_path / "busy.json"
+    argv = ["upload", str(tmp_path), "-q", "--jobs", "2", "--target", f"127.0.0.1:{busy.port}"]
+    try:
+        assert main([*argv, "--timeout", "30", "--report", str(report)]) == 1
+    finally:
+        busy.server.stop(0)
+    files = {Path(f["source"]).name: f for f in json.loads(report.read_text())["files"]}
+    assert files["b.pdf"]["status"] == "ingested"
+    assert files["a.pdf"]["reason"] == (
+        "RESOURCE_EXHAUSTED: busy (sent 4 times: the server was busy before)"
+    )
+    sends = [t for name, t in busy.sent if name == "a.pdf"]
+    assert len(sends) == 4 and sends[-1] - sends[0] >= 0.05 + 0.1 + 0.2  # the backoff
+
+    ending = _ScriptedIngest({"a.pdf": [("busy", 0.5), ("ok",)], "b.pdf": [("deny", 0.1)]})
+    argv[-1] = f"127.0.0.1:{ending.port}"
+    try:
+        assert main([*argv, "--timeout", "30", "--report", str(report)]) == 2
+    finally:
+        ending.server.stop(0)
+    assert "PERMISSION_DENIED" in capsys.readouterr().err
+    assert [name for name, _ in ending.sent] == ["a.pdf", "b.pdf"]  # a never sent again
+    reasons = [f["reason"] for f in json.loads(report.read_text())["files"]]
+    assert reasons == [
+        "not sent: the run ended (PERMISSION_DENIED); refused before (RESOURCE_EXHAUSTED: busy)",
+        "not known whether it landed: the run ended (PERMISSION_DENIED: no ingest scope)",
+    ]
+
+
+def test_an_upload_of_any_size_is_sent_again_after_unavailable(tmp_path: Path) -> None:
+    """gRPC retries a call only while its request fits the channel's retry buffer (256 KiB by
+    default): the CLI's holds a whole upload, so a PDF is sent again after UNAVAILABLE."""
+    from services.cli import main
+
+    (tmp_path / "large.pdf").write_bytes(b"%PDF-1.7 " + b"0" * 400_000)
+    flaky = _ScriptedIngest({"large.pdf": [("unavailable",), ("ok",)]})
+    try:
+        argv = ["upload", str(tmp_path), "-q", "--target", f"127.0.0.1:{flaky.port}"]
+        assert main(argv) == 0
+    finally:
+        flaky.server.stop(0)
+    assert [name for name, _ in flaky.sent] == ["large.pdf", "large.pdf"]
 
 
 def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
