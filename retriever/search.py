@@ -79,6 +79,8 @@ class RetrievalResult:
     cache_hit: bool
     generation: int
     timings_ms: dict[str, float] = field(default_factory=dict)
+    explained: bool = False
+    """The hits carry their matching terms (the search asked for ``explain``)."""
 
 
 HYBRID_DEPTH = 50
@@ -212,10 +214,14 @@ class Retriever:
             try:
                 shared = await asyncio.shield(pending)
                 # the key leaves `explain` out: the leader's hits carry terms as it asked
-                hits = [replace(h, terms=()) if h.terms else h for h in shared.hits]
-                if options.explain:
+                hits = list(shared.hits)
+                if options.explain and not shared.explained and hits:
                     hits = await self._explain(view, query, hits)
-                return RetrievalResult(hits, shared.cache_hit, shared.generation, {})
+                elif not options.explain and shared.explained:
+                    hits = [replace(h, terms=()) for h in hits]
+                return RetrievalResult(
+                    hits, shared.cache_hit, shared.generation, {}, explained=options.explain
+                )
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -254,7 +260,9 @@ class Retriever:
             if hits is not None:
                 if options.explain:
                     hits = await self._explain(view, query, hits)
-                return RetrievalResult(hits, True, view.generation, timings)
+                return RetrievalResult(
+                    hits, True, view.generation, timings, explained=options.explain
+                )
         result = await self._compute(view, query, k, options, allowed, timings)
         await self.cache.put(
             key, [(h.chunk.chunk_id, h.score, dict(h.stage_scores)) for h in result.hits]
@@ -326,7 +334,7 @@ class Retriever:
                 hit.stage_scores["sparse"] = float(score)
         if options.explain:
             hits = await self._explain(view, query, hits, vector)
-        return RetrievalResult(hits, False, view.generation, timings)
+        return RetrievalResult(hits, False, view.generation, timings, explained=options.explain)
 
     def _encode_dense(self, query: str) -> np.ndarray:
         assert self.dense is not None
@@ -344,9 +352,7 @@ class Retriever:
             contributions = view.explain(vector, hit.chunk.chunk_id, EXPLAIN_TERMS)
             tokens = encoder.tokens([term for term, _ in contributions])
             terms = tuple((t, w) for t, (_, w) in zip(tokens, contributions, strict=True))
-            explained.append(
-                Hit(chunk=hit.chunk, score=hit.score, stage_scores=hit.stage_scores, terms=terms)
-            )
+            explained.append(replace(hit, terms=terms))
         return explained
 
 

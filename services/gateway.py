@@ -238,9 +238,13 @@ class Gateway:
         """A request's threshold: 0 (the filter's own) or a probability within the configured
         bounds, whichever filter runs; the same request means the same thing everywhere."""
         lo, hi = self.limits.threshold_bounds
-        # the wire's float32: 0.99 arrives as 0.9900000095, which is the bound as sent
-        low, high = float(np.float32(lo)), float(np.float32(hi))
-        if threshold != 0 and not (math.isfinite(threshold) and low <= threshold <= high):
+        # compared as the wire carries it (float32: 0.99 arrives as 0.9900000095)
+        inside = (
+            math.isfinite(threshold)
+            and abs(threshold) <= 1  # a probability: never cast an overflowing value
+            and np.float32(lo) <= np.float32(threshold) <= np.float32(hi)
+        )
+        if threshold != 0 and not inside:
             raise InvalidArgument.for_field(
                 "threshold", f"must be 0 (server default) or in [{lo:g}, {hi:g}], got {threshold:g}"
             )

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -204,6 +205,25 @@ async def test_a_request_joining_another_gets_the_explanation_it_asked_for(
         assert explained.hits and all(h.terms for h in explained.hits)
         assert not any(h.terms for h in plain.hits)
         assert [h.chunk.chunk_id for h in explained.hits] == [h.chunk.chunk_id for h in plain.hits]
+    # joiners that ask for what the leader did reuse it: one encode for them all
+    query = f"Which release adds TLS support? {uuid.uuid4().hex[:8]}"
+    encodes, real = [0], retriever.encode_sparse
+
+    def counted(*args: Any) -> Any:
+        encodes[0] += 1
+        return real(*args)
+
+    retriever.encode_sparse = counted  # type: ignore[method-assign,assignment]
+    try:
+        results = await asyncio.gather(
+            *(
+                retriever.search(query, 3, SearchOptions(mode="sparse", explain=True))
+                for _ in range(4)
+            )
+        )
+    finally:
+        del retriever.encode_sparse
+    assert encodes[0] == 1 and all(h.terms for r in results for h in r.hits)
 
 
 def test_dense_index_survives_reload_delete_and_replace(

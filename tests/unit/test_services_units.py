@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 from pydantic import ValidationError
@@ -568,6 +569,19 @@ def test_an_upload_of_any_size_is_sent_again_after_unavailable(tmp_path: Path) -
     finally:
         flaky.server.stop(0)
     assert [name for name, _ in flaky.sent] == ["large.pdf", "large.pdf"]
+
+
+def test_threshold_bounds_hold_as_the_wire_carries_them() -> None:
+    """A threshold arrives as float32 (0.99 as 0.9900000095): the bounds themselves are
+    inside, whichever way they are sent; beyond them, or not a number, is refused."""
+    from services.gateway import Gateway, Limits
+
+    gateway = Gateway(Limits(default_k=4, max_k=20, max_query_chars=2000))
+    for inside in (0.0, 0.5, 0.99, float(np.float32(0.99)), float(np.float32(0.5))):
+        assert gateway.check_threshold(inside) == inside
+    for outside in (0.49, 0.991, 1e40, -1e40, float("nan"), float("inf")):
+        with pytest.raises(InvalidArgument, match="threshold"):
+            gateway.check_threshold(outside)
 
 
 def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
