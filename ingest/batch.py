@@ -178,10 +178,21 @@ def expand_paths(
     """Files as given, directories expanded to their ``*.pdf`` files (recursively, sorted), in
     the order given. A path that does not exist (or cannot be looked at) becomes a failed
     result in its place, so the rest of the batch still lands; a folder without PDFs adds a
-    line to ``warnings``."""
+    line to ``warnings``. A file named twice (again, through a link, inside a folder also
+    named) is taken once, where it first comes."""
     entries: list[Path | FileResult] = []
+    seen: set[Path] = set()
     for raw in paths:
-        entries.extend(_expand_one(Path(raw), warnings))
+        for entry in _expand_one(Path(raw), warnings):
+            if isinstance(entry, Path):
+                try:
+                    key = entry.resolve()
+                except (OSError, RuntimeError):  # a link loop: the file as named
+                    key = entry
+                if key in seen:
+                    continue
+                seen.add(key)
+            entries.append(entry)
     return entries
 
 
@@ -444,9 +455,13 @@ def _held_by_other_path(sink: DocumentSink, doc_id: str, path: Path) -> str | No
     came from another path that still exists (a moved folder replaces its documents)."""
     stored = sink.held(doc_id)
     held = stored.path if stored else None
-    # escaped again: a path stored before its characters were (an index of an older version)
-    if not held or utf8_name(held) == utf8_name(path.resolve()) or not _still_exists(held):
+    if not held:
         return None
+    # The stored path is a rendering (undecodable bytes as \xNN), which a name holding a
+    # literal "\xNN" renders alike: every file it may stand for must be this very file.
+    found = _stored_files(held)
+    if not found or all(_same_file(f, path) for f in found):
+        return None  # gone (a moved folder replaces its documents), or this file
     return (
         f"document id {doc_id!r} is held by {held}, ingested earlier; this file "
         "would replace it: rename one of them, or pass --replace-other-paths "
@@ -463,17 +478,24 @@ def _escaped_char(match: re.Match[str]) -> str:
     return match[0] if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF else chr(code)
 
 
-def _still_exists(stored: str) -> bool:
-    """Whether a stored path (as :func:`ingest.pdf.utf8_name` renders it) still exists; one
-    with escapes is looked up by what they stand for: ``\\uNNNN`` a character, ``\\xNN``
-    a byte the name could not decode, or a control character (U+0080-U+009F is two bytes in
-    UTF-8: both readings are tried)."""
-    if Path(stored).exists():
-        return True
+def _stored_files(stored: str) -> list[str | bytes]:
+    """The existing files a stored path (as :func:`ingest.pdf.utf8_name` renders it) may
+    stand for: the text as it is (a path stored before its characters were escaped, or a name
+    holding a literal backslash), and its escapes read as what they stand for: ``\\uNNNN``
+    a character, ``\\xNN`` a byte the name could not decode, or a control character
+    (U+0080-U+009F is two bytes in UTF-8: both readings are tried)."""
     chars = _CHAR_ESCAPE.sub(_escaped_char, stored)
     raw = _BYTE_ESCAPE.sub(lambda m: bytes([int(m[1], 16)]), chars.encode("utf-8"))
     controls = _BYTE_ESCAPE.sub(lambda m: chr(int(m[1], 16)).encode(), chars.encode("utf-8"))
-    return os.path.exists(raw) or os.path.exists(controls)
+    readings: list[str | bytes] = [stored, raw, controls]
+    return [r for r in readings if os.path.exists(r)]
+
+
+def _same_file(one: str | bytes, other: Path) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def parser_pool(workers: int, memory_limit_mb: int) -> ProcessPoolExecutor:
@@ -489,7 +511,12 @@ def parser_pool(workers: int, memory_limit_mb: int) -> ProcessPoolExecutor:
 
 def _limit_memory(megabytes: int) -> None:
     """Worker initializer: cap the address space so one pathological file fails alone, and
-    die with the parent (a killed ``ragline ingest`` must not leave its workers behind)."""
+    die with the parent (a killed ``ragline ingest`` must not leave its workers behind).
+    Ctrl-C reaches the whole process group: the parent decides what it stops, so a worker
+    ignores it (it printed a traceback of its own, and the parent's report was lost)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     if megabytes > 0:
         import resource
@@ -818,6 +845,7 @@ def run_batch(
     replace_other_paths: bool = False,
     parse_engine: ParseEngine | None = None,
     stop: threading.Event | None = None,
+    stop_reason: str = STOPPED,
 ) -> IngestReport:
     """Ingest files and directories into ``sink``, with a progress bar and a final report.
 
@@ -837,7 +865,7 @@ def run_batch(
     (the folder moved) is replaced as usual. ``parse_engine`` parses the planned files
     elsewhere instead of worker processes (``services.ray_ingest.RayEngine.outcomes``).
     ``stop``, once set, ends the batch before the next document is written (the one being
-    written lands whole); the files not written are FAILED with :data:`STOPPED`.
+    written lands whole); the files not written are FAILED with ``stop_reason``.
     """
     parse = parse or parse_path
     started = time.perf_counter()
@@ -867,7 +895,7 @@ def run_batch(
         outcomes = _parse_in_workers(
             jobs, parse, chunker, limits, collection, workers, memory_limit_mb, stop
         )
-    report.results += _land(outcomes, jobs, sink, progress, stop)
+    report.results += _land(outcomes, jobs, sink, progress, stop, stop_reason)
     order = {  # results in the order the files were given
         e.source if isinstance(e, FileResult) else utf8_name(e): i for i, e in enumerate(entries)
     }
@@ -882,9 +910,10 @@ def _land(
     sink: DocumentSink,
     progress: bool,
     stop: threading.Event | None = None,
+    stop_reason: str = STOPPED,
 ) -> list[FileResult]:
     """Write each parsed document to the sink as it comes, moving the progress bar, until
-    ``stop`` is set."""
+    ``stop`` is set (the files not written then fail with ``stop_reason``)."""
     results: list[FileResult] = []
     bar = tqdm(
         total=len(jobs),
@@ -921,7 +950,7 @@ def _land(
             closing()  # the worker pool is shut down now, not when collected
         landed = {r.source for r in results}
         results += [
-            FileResult(j.source, j.doc_id, "failed", reason=STOPPED)
+            FileResult(j.source, j.doc_id, "failed", reason=stop_reason)
             for j in jobs
             if j.source not in landed
         ]

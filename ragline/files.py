@@ -4,6 +4,7 @@ killed process left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import os
@@ -92,6 +93,31 @@ def sweep_process_folders(parent: Path, prefix: str, stale_s: float) -> int:
     return removed
 
 
+def _check_regular(path: Path, info: os.stat_result) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise OSError(errno.EINVAL, f"{kind}: not replaced", str(path))
+
+
+def check_writable(path: Path) -> None:
+    """Raise, before any work is done, the error :func:`write_atomic` would raise at the end
+    for ``path``: something else than a regular file there, or a parent that is a file (the
+    folders missing are made when it is written).
+
+    Raises:
+        OSError: as :func:`write_atomic`; ``NotADirectoryError`` for a parent that is a file.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        _check_regular(path, path.lstat())
+    for parent in path.parents:  # the nearest that exists must be a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(parent))
+            return
+
+
 def write_atomic(path: Path, data: bytes | str, mode: int = 0o666) -> None:
     """Replace the regular file ``path`` with ``data`` whole or not at all: written to a
     temporary file beside it, flushed to disk, renamed into place, the folder synced. On any
@@ -109,11 +135,7 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o666) -> None:
     except FileNotFoundError:
         mode &= ~_umask()
     else:
-        if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
-            raise OSError(errno.EINVAL, f"{kind}: not replaced", str(path))
+        _check_regular(path, info)
         mode = stat.S_IMODE(info.st_mode)
     # a short name of its own, whatever the target's length (a 250-character name fits)
     fd, name = tempfile.mkstemp(prefix=".ragline-", suffix=".tmp", dir=path.parent)

@@ -277,6 +277,9 @@ class IndexStore(HeldReads):
         """Set when a write changes the HNSW graph (in place): see :meth:`_rollback_on_error`."""
         self._stale = False
         """Memory may disagree with the disk (a rollback could not reread it): reload first."""
+        self._unkept_dense: str | None = None
+        """The dense model of the loaded snapshot's vectors when dense retrieval is off here:
+        a write would drop them, so writes are refused (:meth:`_writer`)."""
 
     # -- reading -----------------------------------------------------------------------------
     @property
@@ -318,12 +321,12 @@ class IndexStore(HeldReads):
         if not current.exists():
             self._docs, self._hnsw, self._next_slot = {}, None, 0
             self._publish(generation=0, snapshot_id="")
-            self._stale = False
+            self._stale, self._unkept_dense = False, None
             return self.view
         for attempt in range(LOAD_ATTEMPTS):
             name = current.read_text().strip()
             try:
-                docs, hnsw, next_slot, generation, snapshot_id = self._read_snapshot(
+                docs, hnsw, next_slot, generation, snapshot_id, dense_id = self._read_snapshot(
                     self.index_dir / "snapshots" / name
                 )
                 break
@@ -337,15 +340,26 @@ class IndexStore(HeldReads):
         self._docs, self._hnsw, self._next_slot = docs, hnsw, next_slot
         self._publish(generation, snapshot_id)
         self._stale = False
+        self._unkept_dense = dense_id if not self.dense_enabled else None
+        if self._unkept_dense:
+            logger.warning(
+                "index %s holds dense vectors of %s, and dense retrieval is off here: it is "
+                "served sparse-only, and writes are refused (they would drop the vectors)",
+                self.index_dir,
+                self._unkept_dense,
+            )
         logger.info(
             "loaded index generation %d: %d chunks", self.view.generation, len(self.view.chunks)
         )
         return self.view
 
-    def _read_snapshot(self, snap: Path) -> tuple[dict[str, _Doc], HnswIndex | None, int, int, str]:
+    def _read_snapshot(
+        self, snap: Path
+    ) -> tuple[dict[str, _Doc], HnswIndex | None, int, int, str, str | None]:
         """A snapshot's documents, its HNSW graph and next free slot (None, 0: dense retrieval
         off, or embedded with another model), its generation and snapshot id (a snapshot
-        written before ids existed: a hash of its files' checksums)."""
+        written before ids existed: a hash of its files' checksums), and the dense model its
+        vectors are from (None: none)."""
         manifest = _read_manifest(snap)
         if manifest["model_id"] != self.schema.sparse_model_id:
             raise FailedPrecondition(
@@ -366,7 +380,9 @@ class IndexStore(HeldReads):
                 :32
             ]
         )
-        return docs, hnsw, next_slot, int(manifest["generation"]), snapshot_id
+        dense_id = manifest.get("dense_model_id")
+        generation = int(manifest["generation"])
+        return docs, hnsw, next_slot, generation, snapshot_id, dense_id
 
     def _remove_leftovers(self) -> None:
         """Remove the temporary snapshot folders and pointer files of a writer that died
@@ -584,6 +600,14 @@ class IndexStore(HeldReads):
                 disk = self._disk_generation()
                 if self._stale or disk > (self._view.generation if self._view else 0):
                     self.load()
+                if self._unkept_dense:
+                    raise FailedPrecondition(
+                        f"the index at {self.index_dir} holds dense vectors of "
+                        f"{self._unkept_dense}, and dense retrieval is off here "
+                        "(RAGLINE_RETRIEVER_DENSE_MODEL is empty): a write would drop them. "
+                        f"Set RAGLINE_RETRIEVER_DENSE_MODEL={self._unkept_dense}, or write "
+                        "to another index folder"
+                    )
                 with self._rollback_on_error():
                     yield
             finally:

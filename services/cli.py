@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, replace
@@ -20,8 +21,14 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ragline.errors import visible
-from ragline.files import write_atomic
-from services.settings import MAX_DEADLINE_S, Settings, describe_settings, explain_invalid
+from ragline.files import check_writable, write_atomic
+from services.settings import (
+    MAX_DEADLINE_S,
+    Settings,
+    check_target,
+    describe_settings,
+    explain_invalid,
+)
 
 if TYPE_CHECKING:
     from ingest.batch import IngestReport
@@ -79,6 +86,15 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from services.local_index import check_collection
 
     settings = _settings(args)
+    if not _report_writable(args):
+        return 2
+    index_dir = Path(settings.retriever.index_dir)
+    if settings.retriever.backend == "local":
+        try:  # once, before any file is parsed and encoded for nothing
+            index_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"error: cannot make the index folder {index_dir}: {_why(exc)}", file=sys.stderr)
+            return 2
     indexer = build_indexer(settings)
     indexer.sparse.warm_up()
     indexer.load()
@@ -95,6 +111,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             encode_actors=args.encode_actors,
             memory_limit_mb=i.worker_memory_mib,
         )
+    stop = threading.Event()
+
+    def stopping(signum: int, frame: Any) -> None:
+        if stop.is_set():  # a second Ctrl-C: now, whatever is being written
+            raise KeyboardInterrupt
+        stop.set()
+        print(
+            "\nstopping after the document being written (Ctrl-C again: at once)",
+            file=sys.stderr,
+        )
+
+    interrupt = signal.signal(signal.SIGINT, stopping)  # a report of what landed, not a trace
     try:
         collection = check_collection(args.collection)
         report = run_batch(
@@ -108,6 +136,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             memory_limit_mb=i.worker_memory_mib,
             replace_other_paths=args.replace_other_paths,
             parse_engine=engine.outcomes if engine is not None else None,
+            stop=stop,
+            stop_reason="not ingested: the run was stopped (Ctrl-C); run it again to ingest it",
         )
     except RaglineError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -115,6 +145,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"error: --engine ray needs the [ray] extra ({exc})", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
     optimize = getattr(store, "optimize", None)  # the embedded Qdrant engine's index build
     if optimize is not None and (report.count("ingested") or report.count("replaced")):
         optimize()
@@ -128,6 +160,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         f"index {settings.retriever.index_dir}: generation {store.view.generation}, "
         f"{store.view.count()} chunks"
     )
+    if stop.is_set():
+        print("interrupted", file=sys.stderr)
+        return 130
     return 2 if not written else 1 if report.count("failed") else 0
 
 
@@ -168,6 +203,19 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def _report_writable(args: argparse.Namespace) -> bool:
+    """Whether --report can be written (else the error is printed): checked before the run,
+    not found out after an hour of ingesting."""
+    if not args.report:
+        return True
+    try:
+        check_writable(Path(args.report))
+    except OSError as exc:
+        print(f"error: cannot write the report {args.report}: {_why(exc)}", file=sys.stderr)
+        return False
+    return True
+
+
 _PER_FILE = (
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -194,6 +242,8 @@ def cmd_upload(args: argparse.Namespace) -> int:
     from services.convert import ingest_from_pb
     from services.remote import retry_after
 
+    if not _report_writable(args):
+        return 2
     started = time.perf_counter()
     report = IngestReport()
     entries = expand_paths(args.paths, report.warnings)
@@ -592,6 +642,14 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
 INT32_MAX = 2**31 - 1
 """Largest count a flag takes (the protos' int32; far past any limit a server sets)."""
+
+
+def _target_arg(text: str) -> str:
+    """An argparse type: a server target (:func:`services.settings.check_target`)."""
+    try:
+        return check_target(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _count(low: int, high: int = INT32_MAX) -> Callable[[str], int]:
@@ -1012,9 +1070,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--questions", required=True, help="question file or BEIR folder")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--target", help="host:port of a running server (default: embedded)")
+    p.add_argument(
+        "--target", type=_target_arg, help="host:port of a running server (default: embedded)"
+    )
     p.add_argument(
         "--stages-target",
+        type=_target_arg,
         help="host:port of that server's internal stage services (RAGLINE_SERVER_INTERNAL_PORT),"
         " which score the candidates (default: --target)",
     )
@@ -1252,7 +1313,9 @@ def _files_args(p: argparse.ArgumentParser, collection: str, replace: str) -> No
 def _client_args(
     p: argparse.ArgumentParser, timeout: float = 120.0, timeout_help: str = "deadline in seconds"
 ) -> None:
-    p.add_argument("--target", help="server host:port (default: RAGLINE_SERVER_TARGET)")
+    p.add_argument(
+        "--target", type=_target_arg, help="server host:port (default: RAGLINE_SERVER_TARGET)"
+    )
     p.add_argument(
         "--timeout", type=_seconds, default=timeout, help=f"{timeout_help} (default {timeout:g})"
     )

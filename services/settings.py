@@ -6,6 +6,7 @@ Each field maps to an environment variable ``RAGLINE_<SERVICE>_<FIELD>`` (upper 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -44,6 +45,16 @@ def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
 
 
 _HOST = r"^[^\s/]+$"  # a name or an address: not empty, no spaces, no scheme or path
+_HOST_PORT = re.compile(r"(?:\[[^\]]*\]|[^:/\s]+):(\d+)")
+
+
+def check_target(target: str) -> str:
+    """A client target as given; a ``host:port`` one must name a port in 1-65535 (gRPC core
+    takes 99999 as 34463, modulo 65536: a bearer token sent to another service)."""
+    found = _HOST_PORT.fullmatch(target)
+    if found and not 1 <= int(found.group(1)) <= 65535:
+        raise ValueError(f"port {found.group(1)} of {target!r} is not in 1-65535")
+    return target
 
 
 class ServerSettings(BaseSettings):
@@ -63,6 +74,12 @@ class ServerSettings(BaseSettings):
         pattern=r"^\S+$",
         description="Where the CLI clients connect.",
     )
+
+    @field_validator("target")
+    @classmethod
+    def _a_port_there_is(cls, value: str) -> str:
+        return check_target(value)
+
     grace_s: float = Field(5.0, ge=0, le=3600, description="Graceful-shutdown window on SIGTERM.")
     max_concurrent_rpcs: int = Field(
         64,

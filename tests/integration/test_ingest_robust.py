@@ -449,3 +449,73 @@ def test_every_client_command_without_a_server_exits_2_with_the_hint(
     assert cli.main([*command, "--target", f"127.0.0.1:{free_port}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and all(hint in err for hint in NO_SERVER_HINTS)
+
+
+def test_ctrl_c_during_an_ingest_reports_what_landed_and_stops_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `ragline
+    ingest` runs: the document being written lands, the rest are reported as stopped, the
+    report file is written and the parser workers print no trace of their own; exit 130."""
+    import signal
+    import time
+
+    folder = tmp_path / "mill"
+    for n in range(6):
+        write_pdf(
+            folder / f"ledger-{n}.pdf",
+            [f"Ledger {n}, page {p}: the mill wove {n * p} bales of wool." for p in range(12)],
+        )
+    index = tmp_path / "index"
+    report = tmp_path / "report.json"
+    env = dict(os.environ, RAGLINE_RETRIEVER_INDEX_DIR=str(index), RAGLINE_GRAPH_ENABLED="false")
+    running = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "ingest",
+            str(folder),
+            "-q",
+            "--report",
+            str(report),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    while not (index / "CURRENT").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first document has landed
+    assert (index / "CURRENT").exists(), "nothing landed"
+    os.killpg(running.pid, signal.SIGINT)
+    out, err = running.communicate(timeout=240)
+    assert running.returncode == 130 and "interrupted" in err, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    files = json.loads(report.read_text())["files"]
+    statuses = [f["status"] for f in files]
+    assert len(files) == 6 and "ingested" in statuses, files
+    stopped = [f for f in files if f["status"] == "failed"]
+    assert stopped and all("the run was stopped (Ctrl-C)" in f["reason"] for f in stopped)
+    landed = len(files) - len(stopped)
+    assert f"{landed} ingested" in out, out
+
+
+def test_a_name_and_its_literal_escape_never_replace_each_other(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    """`caf\\xe9.pdf` (the byte 0xE9) and a file literally named `caf\\xe9.pdf` (a backslash)
+    print alike: the second is refused as held by another file, not taken for the first;
+    the first ingested again, and the same file named twice, are that one document."""
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+    folder = tmp_path / "docs"
+    byte_named = non_utf8_pdf(folder, b"caf\xe9.pdf", MANUAL_PAGES[:1])
+    first = run_batch([byte_named, byte_named, folder / ".." / "docs"], index, progress=False)
+    assert [r.status for r in first.results] == ["ingested"], first.results
+    assert run_batch([byte_named], index, progress=False).results[0].status == "unchanged"
+    literal = write_pdf(folder / "caf\\xe9.pdf", NOTES)
+    refused = run_batch([literal], index, progress=False).results[0]
+    assert refused.status == "failed" and "would replace it" in refused.reason, refused
+    assert index.view.generation == 1

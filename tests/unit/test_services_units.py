@@ -584,6 +584,45 @@ def test_threshold_bounds_hold_as_the_wire_carries_them() -> None:
             gateway.check_threshold(outside)
 
 
+def test_ingest_refuses_what_it_could_not_write_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report that cannot be written, or an index folder that cannot be made, is an error
+    line and exit 2 before any file is parsed (it was found out after the whole run, or once
+    per file with a trace)."""
+    from services.cli import main
+
+    (tmp_path / "a.pdf").write_bytes(b"%PDF-1.7")
+    monkeypatch.setenv("RAGLINE_RETRIEVER_INDEX_DIR", str(tmp_path / "index"))
+    for report, why in ((tmp_path, "is a folder"), (tmp_path / "a.pdf" / "r.json", "irectory")):
+        assert main(["ingest", str(tmp_path / "a.pdf"), "-q", "--report", str(report)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write the report {report}" in err and why in err
+    assert main(["upload", str(tmp_path / "a.pdf"), "-q", "--report", str(tmp_path)]) == 2
+    assert "cannot write the report" in capsys.readouterr().err
+    assert not (tmp_path / "index").exists()
+    monkeypatch.setenv("RAGLINE_RETRIEVER_INDEX_DIR", str(tmp_path / "a.pdf" / "index"))
+    assert main(["ingest", str(tmp_path / "a.pdf"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot make the index folder" in err and "Traceback" not in err
+
+
+def test_a_target_port_out_of_range_is_refused() -> None:
+    """gRPC core would take port 99999 as 34463 (modulo 65536): another service, handed the
+    bearer token."""
+    from services.cli import main
+    from services.settings import check_target
+
+    for bad in ("127.0.0.1:99999", "localhost:0", "[::1]:65536"):
+        with pytest.raises(ValueError, match="not in 1-65535"):
+            check_target(bad)
+        with pytest.raises(SystemExit) as refused:
+            main(["stats", "--target", bad])
+        assert refused.value.code == 2
+    for good in ("127.0.0.1:50051", "[::1]:1", "dns:///ragline.internal:443", "unix:/tmp/s"):
+        assert check_target(good) == good
+
+
 def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     from services.cli import main
 

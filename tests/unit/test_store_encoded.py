@@ -241,3 +241,22 @@ def test_dense_missing_reads_the_last_commit(tmp_path: Path) -> None:
         go_on.set()
         writer.join(30)
         assert store.dense_missing is failing
+
+
+def test_dense_retrieval_off_never_drops_an_index_s_vectors(tmp_path: Path) -> None:
+    """An index with dense vectors, opened with dense retrieval off, is served sparse-only and
+    refuses writes (each would write a snapshot without the vectors); nothing on disk
+    changes, and with dense retrieval on again the vectors are all there."""
+    dense = IndexStore(tmp_path, WITH_DENSE)
+    dense.load()
+    dense.put_encoded("manual", "h1", chunks("manual", 3), rows(3, 10), vectors(3, 1))
+    files = disk(tmp_path)
+    sparse = IndexStore(tmp_path, SPARSE_ONLY)
+    assert sparse.load().dense is None and len(sparse.view.chunks) == 3
+    with pytest.raises(FailedPrecondition, match="RAGLINE_RETRIEVER_DENSE_MODEL=test-dense"):
+        sparse.put_encoded("notes", "h2", chunks("notes", 2), rows(2, 20))
+    with pytest.raises(FailedPrecondition, match="would drop them"):
+        sparse.delete("manual")
+    assert disk(tmp_path) == files and sparse.view.generation == 1
+    again = IndexStore(tmp_path, WITH_DENSE)
+    assert again.load().dense is not None and not again.dense_missing
