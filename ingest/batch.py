@@ -178,20 +178,22 @@ def expand_paths(
     """Files as given, directories expanded to their ``*.pdf`` files (recursively, sorted), in
     the order given. A path that does not exist (or cannot be looked at) becomes a failed
     result in its place, so the rest of the batch still lands; a folder without PDFs adds a
-    line to ``warnings``. A file named twice (again, through a link, inside a folder also
+    line to ``warnings``. A file named twice under one name (again, or inside a folder also
     named) is taken once, where it first comes."""
     entries: list[Path | FileResult] = []
-    seen: set[Path] = set()
+    seen: set[tuple[Path, str]] = set()
     for raw in paths:
         for entry in _expand_one(Path(raw), warnings):
             if isinstance(entry, Path):
                 try:
-                    key = entry.resolve()
+                    target = entry.resolve()
                 except (OSError, RuntimeError):  # a link loop: the file as named
-                    key = entry
-                if key in seen:
+                    target = entry
+                # the same file under the same name: one document (a link of another name
+                # is a document of that name, as before)
+                if (target, entry.name) in seen:
                     continue
-                seen.add(key)
+                seen.add((target, entry.name))
             entries.append(entry)
     return entries
 
@@ -889,8 +891,12 @@ def run_batch(
         outcomes: Iterator[tuple[_Job, Parsed | str]] = parse_engine(
             jobs, chunker, limits, collection
         )
-    elif workers <= 0:  # in this process, in file order
-        outcomes = ((job, parse(str(job.path), chunker, limits, collection)) for job in jobs)
+    elif workers <= 0:  # in this process, in file order; none parsed once stopped
+        outcomes = (
+            (job, parse(str(job.path), chunker, limits, collection))
+            for job in jobs
+            if stop is None or not stop.is_set()
+        )
     else:
         outcomes = _parse_in_workers(
             jobs, parse, chunker, limits, collection, workers, memory_limit_mb, stop

@@ -111,10 +111,12 @@ def check_writable(path: Path) -> None:
     """
     with contextlib.suppress(FileNotFoundError):
         _check_regular(path, path.lstat())
-    for parent in path.parents:  # the nearest that exists must be a folder
+    for parent in path.parents:  # the nearest that exists must be a folder we may write
         if parent.exists():
             if not parent.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(parent))
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "permission denied", str(parent))
             return
 
 

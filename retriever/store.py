@@ -342,7 +342,7 @@ class IndexStore(HeldReads):
         self._stale = False
         self._unkept_dense = dense_id if not self.dense_enabled else None
         if self._unkept_dense:
-            logger.warning(
+            logger.info(
                 "index %s holds dense vectors of %s, and dense retrieval is off here: it is "
                 "served sparse-only, and writes are refused (they would drop the vectors)",
                 self.index_dir,
@@ -484,7 +484,7 @@ class IndexStore(HeldReads):
         known = self._view.generation if self._view else 0
         if self._disk_generation() <= known and not self._stale:
             return False
-        with self._writer():  # entering it loads the newer snapshot, under the writers' lock
+        with self._writer(writes=False):  # it loads the newer snapshot, under the lock
             pass
         return self.view.generation != known
 
@@ -588,8 +588,23 @@ class IndexStore(HeldReads):
         if self._hnsw.tombstone_ratio > self.dense_config.compact_at:
             self._hnsw.compact()
 
+    @property
+    def writes_refused(self) -> str | None:
+        """Why this store refuses writes (None: it does not): the loaded index holds dense
+        vectors and dense retrieval is off here, so a write would drop them."""
+        if not self._unkept_dense:
+            return None
+        return (
+            f"the index at {self.index_dir} holds dense vectors of {self._unkept_dense}, and "
+            "dense retrieval is off here (RAGLINE_RETRIEVER_DENSE_MODEL is empty): a write "
+            f"would drop them. Set RAGLINE_RETRIEVER_DENSE_MODEL={self._unkept_dense}, or "
+            "write to another index folder"
+        )
+
     @contextmanager
-    def _writer(self) -> Iterator[None]:
+    def _writer(self, writes: bool = True) -> Iterator[None]:
+        """The writers' lock (threads and processes), the newest snapshot loaded first;
+        ``writes``: refused where :attr:`writes_refused` (False: :meth:`refresh`, a load)."""
         self.index_dir.mkdir(parents=True, exist_ok=True)
         with self._write_lock, (self.index_dir / ".lock").open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -600,14 +615,9 @@ class IndexStore(HeldReads):
                 disk = self._disk_generation()
                 if self._stale or disk > (self._view.generation if self._view else 0):
                     self.load()
-                if self._unkept_dense:
-                    raise FailedPrecondition(
-                        f"the index at {self.index_dir} holds dense vectors of "
-                        f"{self._unkept_dense}, and dense retrieval is off here "
-                        "(RAGLINE_RETRIEVER_DENSE_MODEL is empty): a write would drop them. "
-                        f"Set RAGLINE_RETRIEVER_DENSE_MODEL={self._unkept_dense}, or write "
-                        "to another index folder"
-                    )
+                refused = self.writes_refused
+                if writes and refused:
+                    raise FailedPrecondition(refused)
                 with self._rollback_on_error():
                     yield
             finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -92,6 +93,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if settings.retriever.backend == "local":
         try:  # once, before any file is parsed and encoded for nothing
             index_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(index_dir, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "permission denied", str(index_dir))
         except OSError as exc:
             print(f"error: cannot make the index folder {index_dir}: {_why(exc)}", file=sys.stderr)
             return 2
@@ -99,6 +102,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     indexer.sparse.warm_up()
     indexer.load()
     store = indexer.store
+    refused = getattr(store, "writes_refused", None)
+    if refused:  # said once, before every file is parsed and encoded for nothing
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     i = settings.ingest
     sink: Any = indexer
     engine = None
@@ -116,13 +123,16 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     def stopping(signum: int, frame: Any) -> None:
         if stop.is_set():  # a second Ctrl-C: now, whatever is being written
             raise KeyboardInterrupt
-        stop.set()
-        print(
-            "\nstopping after the document being written (Ctrl-C again: at once)",
-            file=sys.stderr,
-        )
+        stop.set()  # os.write: print() from a handler may re-enter the progress bar's write
+        os.write(2, b"\nstopping after the document being written (Ctrl-C again: at once)\n")
 
-    interrupt = signal.signal(signal.SIGINT, stopping)  # a report of what landed, not a trace
+    # Ctrl-C: a report of what landed, not a trace; unless SIGINT was ignored when this
+    # started (`&` in a script, nohup), or this is not the main thread (no handler there)
+    catch = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    )
+    interrupt = signal.signal(signal.SIGINT, stopping) if catch else None
     try:
         collection = check_collection(args.collection)
         report = run_batch(
@@ -146,15 +156,26 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         print(f"error: --engine ray needs the [ray] extra ({exc})", file=sys.stderr)
         return 2
     finally:
-        signal.signal(signal.SIGINT, interrupt)
-    optimize = getattr(store, "optimize", None)  # the embedded Qdrant engine's index build
-    if optimize is not None and (report.count("ingested") or report.count("replaced")):
-        optimize()
-    graph = build_graph_path(settings)
-    if graph is not None:  # in step with the index: only new, changed or deleted documents
-        with _progress_bar(not args.quiet) as progress:
-            graph_report = graph.index.sync(store.documents(), progress)
-        print(graph_report.line())
+        if interrupt is not None:
+            signal.signal(signal.SIGINT, interrupt)
+    try:  # what landed is reported whatever becomes of the steps after it
+        if stop.is_set():
+            raise KeyboardInterrupt
+        optimize = getattr(store, "optimize", None)  # the embedded Qdrant engine's index build
+        if optimize is not None and (report.count("ingested") or report.count("replaced")):
+            optimize()
+        graph = build_graph_path(settings)
+        if graph is not None:  # in step with the index: only new, changed or deleted documents
+            with _progress_bar(not args.quiet) as progress:
+                graph_report = graph.index.sync(store.documents(), progress)
+            print(graph_report.line())
+    except KeyboardInterrupt:
+        stop.set()
+        print(
+            "stopped before the graph (and a Qdrant index build) caught up with the index: "
+            "the next ragline ingest does it",
+            file=sys.stderr,
+        )
     written = _print_report(report, args)
     print(
         f"index {settings.retriever.index_dir}: generation {store.view.generation}, "

@@ -45,12 +45,13 @@ def _not_over(low_name: str, low: float, high_name: str, high: float) -> None:
 
 
 _HOST = r"^[^\s/]+$"  # a name or an address: not empty, no spaces, no scheme or path
-_HOST_PORT = re.compile(r"(?:\[[^\]]*\]|[^:/\s]+):(\d+)")
+_HOST_PORT = re.compile(r"(?:dns:(?://[^/]*/)?)?(?:\[[^\]]*\]|[^:/\s]+):(\d+)")
 
 
 def check_target(target: str) -> str:
-    """A client target as given; a ``host:port`` one must name a port in 1-65535 (gRPC core
-    takes 99999 as 34463, modulo 65536: a bearer token sent to another service)."""
+    """A client target as given; a ``host:port`` one (``dns:`` or not) must name a port in
+    1-65535 (gRPC core takes 99999 as 34463, modulo 65536: a token sent to another
+    service)."""
     found = _HOST_PORT.fullmatch(target)
     if found and not 1 <= int(found.group(1)) <= 65535:
         raise ValueError(f"port {found.group(1)} of {target!r} is not in 1-65535")
@@ -574,6 +575,12 @@ class CredibilitySettings(BaseSettings):
         description="host:port of a remote credibility service (ragline serve on another "
         "machine); empty = score in this process.",
     )
+
+    @field_validator("address")
+    @classmethod
+    def _a_port_there_is(cls, value: str) -> str:
+        return check_target(value)
+
     timeout_s: float = Field(
         2.0, gt=0, description="Deadline for one scoring call (remote or in-process)."
     )
@@ -893,6 +900,11 @@ class StagesSettings(BaseSettings):
     generator_timeout_s: float = Field(
         120.0, gt=0, description="Longest one generation may take (within the caller's deadline)."
     )
+
+    @field_validator("retriever_address", "graph_address", "generator_address")
+    @classmethod
+    def _a_port_there_is(cls, value: str) -> str:
+        return check_target(value)
 
 
 class TracingSettings(BaseSettings):

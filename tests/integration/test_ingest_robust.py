@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from hashlib import sha256
 from pathlib import Path
+from typing import Any
 
 import pytest
 import scipy.sparse
@@ -519,3 +520,30 @@ def test_a_name_and_its_literal_escape_never_replace_each_other(
     refused = run_batch([literal], index, progress=False).results[0]
     assert refused.status == "failed" and "would replace it" in refused.reason, refused
     assert index.view.generation == 1
+
+
+def test_a_stopped_batch_parses_nothing_more_in_this_process(
+    tmp_path: Path, encoder: SpladeEncoder
+) -> None:
+    """Parsing in this process (no workers), a stop while a document is written stops the
+    parsing too: the next document is not parsed in full only to be thrown away."""
+    import threading
+
+    index = make_indexer(tmp_path / "index", encoder)
+    index.load()
+    files = [write_pdf(tmp_path / f"loom-{n}.pdf", [f"Loom {n} weaves wool."]) for n in range(3)]
+    stop, parsed = threading.Event(), []
+    real_put = index.put
+
+    def put(*args: Any, **kwargs: Any) -> None:
+        stop.set()  # Ctrl-C while the first document is written
+        real_put(*args, **kwargs)
+
+    def parse(path: str, *rest: Any) -> Any:
+        parsed.append(Path(path).name)
+        return parse_document(Path(path).read_bytes(), Path(path).name, *rest)
+
+    index.put = put  # type: ignore[method-assign]
+    report = run_batch(files, index, progress=False, workers=0, parse=parse, stop=stop)
+    assert parsed == ["loom-0.pdf"]
+    assert [r.status for r in report.results] == ["ingested", "failed", "failed"]

@@ -611,9 +611,9 @@ def test_a_target_port_out_of_range_is_refused() -> None:
     """gRPC core would take port 99999 as 34463 (modulo 65536): another service, handed the
     bearer token."""
     from services.cli import main
-    from services.settings import check_target
+    from services.settings import StagesSettings, check_target
 
-    for bad in ("127.0.0.1:99999", "localhost:0", "[::1]:65536"):
+    for bad in ("127.0.0.1:99999", "localhost:0", "[::1]:65536", "dns:///h:99999", "dns:h:70000"):
         with pytest.raises(ValueError, match="not in 1-65535"):
             check_target(bad)
         with pytest.raises(SystemExit) as refused:
@@ -621,6 +621,8 @@ def test_a_target_port_out_of_range_is_refused() -> None:
         assert refused.value.code == 2
     for good in ("127.0.0.1:50051", "[::1]:1", "dns:///ragline.internal:443", "unix:/tmp/s"):
         assert check_target(good) == good
+    with pytest.raises(ValueError, match="not in 1-65535"):
+        StagesSettings(retriever_address="127.0.0.1:99999")
 
 
 def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:

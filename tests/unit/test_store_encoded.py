@@ -258,5 +258,9 @@ def test_dense_retrieval_off_never_drops_an_index_s_vectors(tmp_path: Path) -> N
     with pytest.raises(FailedPrecondition, match="would drop them"):
         sparse.delete("manual")
     assert disk(tmp_path) == files and sparse.view.generation == 1
+    assert sparse.writes_refused and "test-dense" in sparse.writes_refused
+    # reading what a writer with dense retrieval on commits is no write: it goes on
+    dense.put_encoded("notes", "h2", chunks("notes", 2), rows(2, 20), vectors(2, 2))
+    assert sparse.refresh() and sparse.view.generation == 2 and len(sparse.view.chunks) == 5
     again = IndexStore(tmp_path, WITH_DENSE)
     assert again.load().dense is not None and not again.dense_missing
