@@ -476,7 +476,10 @@ def refusal(doc: pymupdf.Document, limits: PdfLimits) -> str | None:
                 doc.xref_get_key(xref, "JS")[0] != "null"
                 or doc.xref_get_key(xref, "S") == ("name", "/JavaScript")
             ):
-                return "PDF carries JavaScript (refused; allow_javascript ingests it)"
+                return (
+                    "PDF carries JavaScript (refused; RAGLINE_INGEST_ALLOW_JAVASCRIPT=true "
+                    "ingests it)"
+                )
             if not doc.xref_is_stream(xref) or "Flate" not in doc.xref_get_key(xref, "Filter")[1]:
                 continue
             kind, length = doc.xref_get_key(xref, "Length")

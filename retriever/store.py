@@ -492,7 +492,10 @@ class IndexStore(HeldReads):
         current = self.index_dir / "CURRENT"
         if not current.exists():
             return 0
-        return int(current.read_text().strip().lstrip("g") or 0)
+        try:
+            return int(current.read_text(encoding="utf-8").strip().lstrip("g") or 0)
+        except (UnicodeDecodeError, ValueError):
+            raise DataLoss(f"{current} names no generation") from None
 
     def held(self, doc_id: str) -> Held | None:
         doc = self._committed.get(doc_id)  # one read: the dict is replaced whole by a commit

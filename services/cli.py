@@ -196,6 +196,8 @@ def _print_report(report: IngestReport, args: argparse.Namespace) -> bool:
     for result in report.results:
         if result.status == "failed":
             print(f"FAILED  {result.source}: {result.reason}", file=sys.stderr)
+        elif args.verbose and result.status == "unchanged":  # not read again: no counts
+            print(f"{result.status:<9} {result.source}")
         elif args.verbose:
             counts = f"{result.pages} pages, {result.tables} tables, {result.chunks} chunks"
             if result.ocr_pages:

@@ -313,6 +313,9 @@ class LocalIndex:
         if not paths and not documents:
             raise InvalidArgument.for_field("paths", "give at least one path or document")
         self._check_writer()
+        refused = getattr(self.store, "writes_refused", None)
+        if refused:  # before any document is parsed and encoded for nothing
+            raise FailedPrecondition(refused)
         collection = check_collection(collection)
         check_uploads(documents)
         files = await asyncio.to_thread(self.path_policy.files, paths)  # walks folders

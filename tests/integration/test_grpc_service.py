@@ -23,7 +23,7 @@ from generator.core import AnswerGenerator
 from generator.transformers_backend import TransformersBackend
 from ingest.batch import run_batch
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
-from retriever.encoders import SpladeEncoder
+from retriever.encoders import DenseEncoder, SpladeEncoder
 from services.build import build_gateway
 from services.server import RunningServer, start_server
 from tests.conftest import (
@@ -453,6 +453,30 @@ async def test_encoding_stops_at_the_next_slice_once_the_caller_left(
             await asyncio.to_thread(sink.put, "loom", "h1", chunks, progress)
         assert encoded == [2]  # one slice of four, then stopped
         assert index.store.held("loom") is None and index.store.view.generation == 0
+    finally:
+        index.close()
+
+
+async def test_an_index_that_refuses_writes_refuses_an_ingest_before_parsing(
+    tmp_path: Path, encoder: SpladeEncoder, dense_encoder: DenseEncoder
+) -> None:
+    """A server with dense retrieval off, on an index that holds dense vectors, serves it
+    sparse-only and refuses an Ingest at once (a write would drop the vectors), not after
+    parsing and encoding every document."""
+    from ragline.errors import FailedPrecondition
+    from services.local_index import LocalIndex
+
+    dense = make_indexer(tmp_path / "index", encoder, dense_encoder)
+    dense.load()
+    kiln = write_pdf(tmp_path / "a" / "kiln.pdf", ["The kiln fires at dawn."])
+    assert run_batch([kiln], dense, progress=False).results[0].status == "ingested"
+    index = LocalIndex(make_indexer(tmp_path / "index", encoder), workers=0)
+    index.warm_up()
+    try:
+        mill = write_pdf(tmp_path / "b" / "mill.pdf", ["The mill wheel turns at noon."])
+        with pytest.raises(FailedPrecondition, match="would drop them"):
+            await index.ingest([], [("mill.pdf", mill.read_bytes())])
+        assert index.store.view.generation == 1 and index.store.held("mill") is None
     finally:
         index.close()
 

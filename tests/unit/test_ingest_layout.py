@@ -480,8 +480,8 @@ def bomb_pdf(path: Path, inflated_mib: int) -> Path:
 
 def test_javascript_is_refused_unless_allowed(tmp_path: Path) -> None:
     path = javascript_pdf(tmp_path / "script.pdf")
-    with pytest.raises(InvalidArgument, match="JavaScript"):
-        read_pdf(path.read_bytes(), path.name)
+    with pytest.raises(InvalidArgument, match="JavaScript.*RAGLINE_INGEST_ALLOW_JAVASCRIPT"):
+        read_pdf(path.read_bytes(), path.name)  # the setting named as users set it
     assert read_pdf(path.read_bytes(), path.name, PdfLimits(allow_javascript=True)).pages
 
 

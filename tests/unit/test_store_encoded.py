@@ -264,3 +264,14 @@ def test_dense_retrieval_off_never_drops_an_index_s_vectors(tmp_path: Path) -> N
     assert sparse.refresh() and sparse.view.generation == 2 and len(sparse.view.chunks) == 5
     again = IndexStore(tmp_path, WITH_DENSE)
     assert again.load().dense is not None and not again.dense_missing
+
+
+def test_a_current_pointer_that_names_no_generation_is_data_loss(tmp_path: Path) -> None:
+    """A `CURRENT` file of other bytes (not UTF-8, not a number) is named in the error."""
+    from ragline.errors import DataLoss
+
+    store = IndexStore(tmp_path, SPARSE_ONLY)
+    store.load()
+    (tmp_path / "CURRENT").write_bytes(b"\xffg12")
+    with pytest.raises(DataLoss, match="CURRENT names no generation"):
+        store.refresh()
