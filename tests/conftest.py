@@ -4,6 +4,7 @@ real grpc.aio server on localhost:0 and the real Redis of this machine."""
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `ragline` sets it (services/cli.py)
 
@@ -28,6 +29,15 @@ from services.server import RunningServer, start_server
 from services.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+CLI_AS_FROM_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('services.cli', run_name='__main__', alter_sys=True)",
+]
+"""`python -m services.cli` with Ctrl-C as a terminal gives it: a suite run in the background
+(`make test &`) starts with SIGINT ignored, which the CLI, like `nohup`, keeps ignoring."""
 
 # Facts the generated test manual states, one topic per page, so retrieval has a right page.
 MANUAL_PAGES = [

@@ -28,7 +28,14 @@ from retriever.search import SearchOptions
 from retriever.sparse_index import ExactSparseIndex
 from services import cli
 from services.convert import chunk_to_pb, file_result_to_pb
-from tests.conftest import MANUAL_PAGES, ROOT, make_indexer, retriever_for, write_pdf
+from tests.conftest import (
+    CLI_AS_FROM_A_TERMINAL,
+    MANUAL_PAGES,
+    ROOT,
+    make_indexer,
+    retriever_for,
+    write_pdf,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -469,16 +476,7 @@ def test_ctrl_c_during_an_ingest_reports_what_landed_and_stops_cleanly(tmp_path:
     report = tmp_path / "report.json"
     env = dict(os.environ, RAGLINE_RETRIEVER_INDEX_DIR=str(index), RAGLINE_GRAPH_ENABLED="false")
     running = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.cli",
-            "ingest",
-            str(folder),
-            "-q",
-            "--report",
-            str(report),
-        ],
+        [*CLI_AS_FROM_A_TERMINAL, "ingest", str(folder), "-q", "--report", str(report)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -28,7 +28,15 @@ from services.client import open_channel
 from services.server import RunningServer, start_server
 from services.settings import Settings
 from tests.certs import make_certs
-from tests.conftest import ROOT, make_indexer, make_settings, serve_beside, stop_beside, write_pdf
+from tests.conftest import (
+    CLI_AS_FROM_A_TERMINAL,
+    ROOT,
+    make_indexer,
+    make_settings,
+    serve_beside,
+    stop_beside,
+    write_pdf,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -819,7 +827,7 @@ async def test_the_cli_keeps_jobs_files_in_flight_and_reports_them_in_order(  # 
     write_pdf(tmp_path / "slow" / "b-note.pdf", ["The mill note: the weir gate opens at dawn."])
     now[0] = 0
     stopping = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "upload", str(tmp_path / "slow"), "--jobs", "1"]
+        [*CLI_AS_FROM_A_TERMINAL, "upload", str(tmp_path / "slow"), "--jobs", "1"]
         + [f"--target=127.0.0.1:{secured.port}", "--collection=team-a", "-q"]
         + [f"--report={tmp_path / 'stopped.json'}"],
         cwd=ROOT,
