@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -49,12 +50,17 @@ def load_any(path: Path, corpus_dir: Path) -> tuple[LoadResult, list[Path]]:
     """Questions in any supported format, and the PDFs their corpus needs ingested.
 
     Raises:
-        InvalidArgument: not a regular file (or a BEIR folder), not UTF-8, or JSON of
+        InvalidArgument: missing, not a regular file (or a BEIR folder), not UTF-8, or JSON of
             another shape.
     """
     beir = path.is_dir() and (path / "corpus.jsonl").exists()
     if not beir and not path.is_file():  # a device would be read forever, a FIFO block
-        what = "a folder without corpus.jsonl (BEIR)" if path.is_dir() else "not a regular file"
+        if path.is_dir():
+            what = "a folder without corpus.jsonl (BEIR)"
+        elif not os.path.lexists(path):
+            what = "no such file"
+        else:
+            what = "not a regular file" if path.exists() else "a link to no file"
         raise InvalidArgument.for_field("questions", f"{path}: {what}")
     try:
         if beir:

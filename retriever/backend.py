@@ -162,6 +162,13 @@ class IndexBackend(Protocol):
         """Dense retrieval is on, but the stored chunks have no vectors from its model."""
         ...
 
+    @property
+    def writes_refused(self) -> str | None:
+        """Why this index refuses to add chunks (None: it does not), said to the caller before
+        any document is parsed: it holds dense vectors and dense retrieval is off here, so
+        what it added would have none."""
+        ...
+
     def load(self) -> SearchView:
         """Open the index (or start empty), never encoding."""
         ...

@@ -225,6 +225,21 @@ class QdrantBackend(HeldReads):
         )
 
     @property
+    def writes_refused(self) -> str | None:
+        """The collection holds vectors of a dense model and dense retrieval is off here: a
+        point added now would have none, and a reader with dense on would never find it by
+        its meaning (the collection's metadata still names the model). Deletes go on."""
+        kept = self._meta.get("dense_model_id")
+        if self.dense_enabled or not kept:
+            return None
+        return (
+            f"Qdrant collection {self.collection!r} holds dense vectors of {kept}, and dense "
+            "retrieval is off here (RAGLINE_RETRIEVER_DENSE_MODEL is empty): what it added "
+            f"would have none. Set RAGLINE_RETRIEVER_DENSE_MODEL={kept}, or write to another "
+            "collection"
+        )
+
+    @property
     def view(self) -> QdrantView:
         if self._view is None:
             raise FailedPrecondition("index not loaded; call load() first")
@@ -303,6 +318,10 @@ class QdrantBackend(HeldReads):
     ) -> None:
         rows, vectors = check_encoded(self.schema, doc_id, chunks, rows, vectors)
         with self._lock:
+            self._meta = self._read_meta()  # another writer may have added the vectors
+            refused = self.writes_refused
+            if refused:
+                raise FailedPrecondition(refused)
             if vectors is not None and self.dense_missing:
                 raise FailedPrecondition(
                     "the index has documents without dense vectors; embed them first"

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +102,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     indexer.sparse.warm_up()
     indexer.load()
     store = indexer.store
-    refused = getattr(store, "writes_refused", None)
+    refused = store.writes_refused
     if refused:  # said once, before every file is parsed and encoded for nothing
         print(f"error: {refused}", file=sys.stderr)
         return 2
@@ -252,6 +252,22 @@ _LEAST_CALL_S = 1.0
 --timeout: less cannot parse and encode a PDF, and would only turn "busy" into a deadline."""
 
 
+@dataclass
+class _Upload:
+    """A file `ragline upload` has read and not yet settled: in flight, or waiting out a busy
+    server's hint."""
+
+    request: Any  # ragline_pb2.IngestRequest: the file's bytes, held until it is settled
+    until: float
+    """Its --timeout, from when it was first sent (time.monotonic)."""
+    tries: int = 0
+    refusal: str = ""
+    """A busy server's last refusal, said when no time is left to send it again."""
+
+    def left_s(self) -> float:
+        return self.until - time.monotonic()
+
+
 def cmd_upload(args: argparse.Namespace) -> int:
     import heapq
     import queue
@@ -283,12 +299,9 @@ def cmd_upload(args: argparse.Namespace) -> int:
         at: [e] for at, e in enumerate(entries) if isinstance(e, FileResult)
     }
     # files read and not yet settled, in flight or due again: at most --jobs (held in memory)
-    requests: dict[int, ragline_pb2.IngestRequest] = {}
+    pending: dict[int, _Upload] = {}
     calls: dict[int, grpc.Future] = {}  # the files in flight
     due: list[tuple[float, int]] = []  # (when, position): a busy server asked to come back
-    until: dict[int, float] = {}  # each file's --timeout, from its first sending (monotonic)
-    tries: dict[int, int] = {}
-    refusals: dict[int, str] = {}  # a busy server's last refusal of each file sent again
     sending: list[int] = []  # a call being started: Ctrl-C then cannot tell if it landed
     finished: queue.SimpleQueue[int] = queue.SimpleQueue()  # positions, as their calls end
     ended: grpc.RpcError | None = None  # a status that ends the run: no file is sent after it
@@ -297,7 +310,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
     def settled(at: int, results: list[FileResult]) -> None:
         outcomes[at] = results
-        requests.pop(at, None)
+        pending.pop(at, None)
         bar.update(1)
 
     def unsettled(at: int, reason: str) -> FileResult:
@@ -308,11 +321,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
     def call(at: int) -> None:
         """Send a file already read, with what is left of its --timeout."""
+        upload = pending[at]
         sending.append(at)
-        future = stub.Ingest.future(requests[at], timeout=max(until[at] - time.monotonic(), 0))
+        future = stub.Ingest.future(upload.request, timeout=max(upload.left_s(), 0))
         calls[at] = future
         sending.remove(at)
-        tries[at] = tries.get(at, 0) + 1
+        upload.tries += 1
         future.add_done_callback(lambda _, at=at: finished.put(at))
 
     def send_next() -> bool:
@@ -335,12 +349,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
                 continue
             bar.set_postfix_str(utf8_name(path.name))
             document = ragline_pb2.Document(name=utf8_name(path.name), content=data)
-            requests[at] = ragline_pb2.IngestRequest(
+            request = ragline_pb2.IngestRequest(
                 documents=[document],
                 collection=args.collection,
                 replace_other_paths=args.replace_other_paths,
             )
-            until[at] = time.monotonic() + args.timeout
+            pending[at] = _Upload(request, time.monotonic() + args.timeout)
             call(at)
             return True
         return False
@@ -349,14 +363,15 @@ def cmd_upload(args: argparse.Namespace) -> int:
         """Whether a refused file is sent again: the server was busy and said when to come
         back (waited at least the client's backoff), RAGLINE_SERVER_RETRY_ATTEMPTS sends in all
         allow it, and the file's --timeout leaves a call worth making after the wait."""
+        upload = pending[at]
         hint = retry_after(exc) if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
-        if ended is not None or hint is None or tries[at] >= client.retry_attempts:
+        if ended is not None or hint is None or upload.tries >= client.retry_attempts:
             return False
-        when = time.monotonic() + max(hint, client.retry_backoff_s * 2 ** (tries[at] - 1))
-        if until[at] - when < _LEAST_CALL_S:
+        wait = max(hint, client.retry_backoff_s * 2 ** (upload.tries - 1))
+        if upload.left_s() - wait < _LEAST_CALL_S:
             return False
-        refusals[at] = f"{exc.code().name}: {exc.details()}"
-        heapq.heappush(due, (when, at))
+        upload.refusal = f"{exc.code().name}: {exc.details()}"
+        heapq.heappush(due, (time.monotonic() + wait, at))
         return True
 
     def send_due() -> None:
@@ -364,8 +379,10 @@ def cmd_upload(args: argparse.Namespace) -> int:
         --timeout ran short meanwhile, while files were read, ends with its refusal)."""
         while ended is None and due and due[0][0] <= time.monotonic():
             at = heapq.heappop(due)[1]
-            if until[at] - time.monotonic() < _LEAST_CALL_S:
-                failed(at, f"{refusals[at]} (sent {tries[at]} times; no time left to send again)")
+            upload = pending[at]
+            if upload.left_s() < _LEAST_CALL_S:
+                reason = f"{upload.refusal} (sent {upload.tries} times; no time left to send again)"
+                failed(at, reason)
             else:
                 call(at)
 
@@ -380,14 +397,15 @@ def cmd_upload(args: argparse.Namespace) -> int:
             if number in refused:
                 outcomes[at] = [replace(refused[number], source=sources[at])]
         for _, at in due:
-            outcomes.setdefault(at, [unsettled(at, f"{reason}; refused before ({refusals[at]})")])
+            refusal = pending[at].refusal
+            outcomes.setdefault(at, [unsettled(at, f"{reason}; refused before ({refusal})")])
         for at in sources:
             outcomes.setdefault(at, [unsettled(at, reason)])
         finish()
         _print_report(report, args)
 
     def fill() -> None:
-        while ended is None and len(requests) < args.jobs and send_next():
+        while ended is None and len(pending) < args.jobs and send_next():
             pass
 
     try:
@@ -408,8 +426,8 @@ def cmd_upload(args: argparse.Namespace) -> int:
                     del calls[at]
                     continue
                 reason = f"{exc.code().name}: {exc.details()}"
-                if tries[at] > 1:
-                    reason += f" (sent {tries[at]} times: the server was busy before)"
+                if pending[at].tries > 1:
+                    reason += f" (sent {pending[at].tries} times: the server was busy before)"
                 if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     reason += (
                         f" (--timeout {args.timeout:g} s counts from when the file was first "

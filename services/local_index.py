@@ -313,7 +313,7 @@ class LocalIndex:
         if not paths and not documents:
             raise InvalidArgument.for_field("paths", "give at least one path or document")
         self._check_writer()
-        refused = getattr(self.store, "writes_refused", None)
+        refused = self.store.writes_refused
         if refused:  # before any document is parsed and encoded for nothing
             raise FailedPrecondition(refused)
         collection = check_collection(collection)

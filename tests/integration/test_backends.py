@@ -178,6 +178,47 @@ def test_a_backend_built_without_vectors_is_embedded_once(
     close(backend)
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_backend_holding_vectors_refuses_additions_with_dense_retrieval_off(
+    kind: str,
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+    make_pdf: Callable[..., Path],
+) -> None:
+    """Opened with dense retrieval off, an index holding dense vectors says why it refuses
+    additions before any is encoded, and refuses one handed to it anyway: an added document
+    would have no vector, and a reader with dense retrieval on would never find it by its
+    meaning. With the model named again, additions go on and are found densely."""
+    backend = open_backend(kind, tmp_path, encoder, dense_encoder)
+    indexer = Indexer(backend, encoder, dense_encoder)
+    indexer.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], indexer, progress=False)
+    close(backend)
+
+    sparse_only = open_backend(kind, tmp_path, encoder, None)
+    Indexer(sparse_only, encoder).load()
+    refused = sparse_only.writes_refused
+    assert refused and dense_encoder.model_id in refused
+    report = run_batch(
+        [make_pdf("parts.pdf", EXTRA_PAGES)], Indexer(sparse_only, encoder), progress=False
+    )
+    assert [r.status for r in report.results] == ["failed"]
+    assert "RAGLINE_RETRIEVER_DENSE_MODEL" in report.results[0].reason
+    assert set(sparse_only.documents()) == {"manual"}
+    close(sparse_only)
+
+    backend = open_backend(kind, tmp_path, encoder, dense_encoder)
+    indexer = Indexer(backend, encoder, dense_encoder)
+    view = indexer.load()
+    assert backend.writes_refused is None and not backend.dense_missing
+    run_batch([make_pdf("parts.pdf", EXTRA_PAGES)], indexer, progress=False)
+    question = dense_encoder.encode_query("How loud is the machine when it works hardest?")
+    top = backend.view.search_dense(question, 1, Filters())[0][0]
+    assert top.doc_id == "parts" and backend.view.generation == view.generation + 1
+    close(backend)
+
+
 @pytest.mark.parametrize("kind", ["edge", "client"])
 def test_a_qdrant_collection_of_another_sparse_model_is_refused(
     kind: str, tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]

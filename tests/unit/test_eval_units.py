@@ -230,6 +230,11 @@ def test_question_files_of_another_shape_or_kind_are_refused_naming_the_file(
             load_any(odd, tmp_path)
     with pytest.raises(InvalidArgument, match="without corpus.jsonl"):
         load_any(tmp_path, tmp_path)
+    with pytest.raises(InvalidArgument, match=r"absent\.jsonl: no such file"):
+        load_any(tmp_path / "absent.jsonl", tmp_path)
+    (tmp_path / "dangling.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    with pytest.raises(InvalidArgument, match=r"dangling\.jsonl: a link to no file"):
+        load_any(tmp_path / "dangling.jsonl", tmp_path)
 
 
 def test_beir_squad_and_trec_formats(tmp_path: Path) -> None:
