@@ -175,11 +175,11 @@ class IngestReport:
 def expand_paths(
     paths: Iterable[str | Path], warnings: list[str] | None = None
 ) -> list[Path | FileResult]:
-    """Files as given, directories expanded to their ``*.pdf`` files (recursively, sorted), in
-    the order given. A path that does not exist (or cannot be looked at) becomes a failed
-    result in its place, so the rest of the batch still lands; a folder without PDFs adds a
-    line to ``warnings``. A file named twice under one name (again, or inside a folder also
-    named) is taken once, where it first comes."""
+    """Files as given, directories expanded to their ``*.pdf`` files (recursively, linked
+    folders too, sorted), in the order given. A path that does not exist (or cannot be looked
+    at) becomes a failed result in its place, so the rest of the batch still lands; a folder
+    without PDFs adds a line to ``warnings``. A file named twice under one name (again, or
+    inside a folder also named) is taken once, where it first comes."""
     entries: list[Path | FileResult] = []
     seen: set[tuple[Path, str]] = set()
     for raw in paths:
@@ -201,9 +201,7 @@ def expand_paths(
 def _expand_one(path: Path, warnings: list[str] | None) -> list[Path | FileResult]:
     try:
         if path.is_dir():
-            # Regular files only: a FIFO named *.pdf would block the read forever, and a
-            # folder named *.pdf is no document.
-            found = sorted(p for p in path.rglob("*") if p.suffix.lower() == ".pdf" and p.is_file())
+            found = _pdfs_under(path)
             if not found and warnings is not None:
                 warnings.append(f"{utf8_name(path)}: no PDF files in this folder")
             return list(found)
@@ -213,6 +211,32 @@ def _expand_one(path: Path, warnings: list[str] | None) -> list[Path | FileResul
     except OSError as exc:  # a parent folder that may not be searched, say
         reason = exc.strerror or str(exc)
     return [FileResult(utf8_name(path), "", "failed", reason=reason)]
+
+
+def _pdfs_under(folder: Path) -> list[Path]:
+    """The regular ``*.pdf`` files under ``folder``, sorted: linked folders are searched too
+    (an operator's corpus folder of links), each real folder once, so a link loop ends.
+    Folders that may not be read are passed over, as files that may not be read are
+    reported when they are."""
+    found: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+    for top, folders, names in os.walk(folder, followlinks=True):
+        try:
+            info = os.stat(top)
+        except OSError:
+            folders.clear()
+            continue
+        if (info.st_dev, info.st_ino) in seen:  # reached again through a link
+            folders.clear()
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        folders.sort()  # a folder reached twice keeps the name that sorts first
+        for name in names:
+            file = Path(top) / name
+            # Regular files only: a FIFO named *.pdf would block the read forever
+            if file.suffix.lower() == ".pdf" and file.is_file():
+                found.append(file)
+    return sorted(found)
 
 
 def settings_key(chunker: ChunkerConfig | None, limits: PdfLimits | None) -> str:

@@ -65,6 +65,27 @@ def test_expand_paths_keeps_a_missing_path_in_place_and_warns_of_an_empty_folder
     assert warnings == [f"{tmp_path / 'empty'}: no PDF files in this folder"]
 
 
+def test_expand_paths_searches_linked_folders_once_and_ends_a_link_loop(
+    tmp_path: Path, make_pdf: Callable[..., Path]
+) -> None:
+    """An operator's corpus folder may hold links to folders kept elsewhere: their PDFs are
+    taken, a folder reached twice is searched once, and a link back up ends."""
+    kept = make_pdf("shelf/mill/sluice.pdf", ["The sluice gate opens at dawn."])
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "mill").symlink_to(tmp_path / "shelf" / "mill", target_is_directory=True)
+    (corpus / "again").symlink_to(tmp_path / "shelf", target_is_directory=True)
+    (corpus / "up").symlink_to(corpus, target_is_directory=True)  # a loop
+    (corpus / "gone").symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    os.mkfifo(corpus / "pipe.pdf")
+    warnings: list[str] = []
+    entries = expand_paths([corpus], warnings)
+    assert len(entries) == 1 and not warnings
+    found = entries[0]
+    assert isinstance(found, Path) and found.resolve() == kept.resolve()
+    assert found == corpus / "again" / "mill" / "sluice.pdf"  # the first name, sorted
+
+
 def test_duplicate_uploads_refuses_the_later_of_two_names() -> None:
     earlier = [FileResult("/srv/docs/guide.pdf", "guide", "ingested")]
     names = ["manual.pdf", "notes.pdf", "team/manual.pdf", "guide.pdf", "", "notes.PDF"]
