@@ -44,7 +44,7 @@ from ingest.pdf import (
 )
 from ragline.errors import InvalidArgument, RaglineError, visible
 from ragline.faults import failpoint
-from ragline.files import sweep_process_folders, write_atomic
+from ragline.files import read_regular_bytes, sweep_process_folders, write_atomic
 from ragline.types import Chunk, Held
 
 logger = logging.getLogger(__name__)
@@ -570,7 +570,7 @@ def parse_path(
 ) -> Parsed | str:
     """The worker task: a parsed document, or the reason it failed (never raises)."""
     try:
-        data = Path(path).read_bytes()
+        data = read_regular_bytes(path, (limits or PdfLimits()).max_bytes)
     except OSError as exc:
         return str(exc)
     return parse_upload(data, utf8_name(Path(path).name), chunker, limits, collection)
@@ -839,10 +839,9 @@ class _Planner:
             return FileResult(source, doc_id, "failed", reason=reason)
         self.seen[doc_id] = source
         try:
-            size = path.stat().st_size
-            if size > self.limits.max_bytes:
-                raise OSError(f"{size} bytes is over the limit of {self.limits.max_bytes}")
-            identity = document_identity(path.read_bytes(), self.key)
+            data = read_regular_bytes(path, self.limits.max_bytes)  # the path may have changed
+            size = len(data)
+            identity = document_identity(data, self.key)
         except OSError as exc:
             return FileResult(source, doc_id, "failed", reason=str(exc))
         unchanged, previous = _compare(self.sink, doc_id, identity, self.collection, self.limits)

@@ -20,11 +20,36 @@ import psutil
 MIB = 1024 * 1024
 
 
-def read_regular(path: str | os.PathLike[str], what: str, max_bytes: int) -> bytes:
-    """The bytes of ``path``, a regular file of at most ``max_bytes``.
+def read_regular_bytes(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``max_bytes``, checked on the open
+    file: a path checked before and swapped since for a FIFO (which would block the reader
+    forever) or a device (``/dev/zero``: read until memory runs out) is refused.
 
-    A device (``/dev/zero``) would be read until memory runs out and a FIFO would block the
-    reader forever: both are refused, as is a file over the bound.
+    Raises:
+        OSError: the system's (missing, no permission), or one without an errno whose text is
+            the reason: a directory, not a regular file, over ``max_bytes`` (also when it grew
+            while being read).
+    """
+    # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError("a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file")
+        if info.st_size > max_bytes:
+            raise OSError(f"{info.st_size} bytes is over the limit of {max_bytes}")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            data = file.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # it grew while being read
+        raise OSError(f"over the limit of {max_bytes} bytes")
+    return data
+
+
+def read_regular(path: str | os.PathLike[str], what: str, max_bytes: int) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``max_bytes`` (see
+    :func:`read_regular_bytes`).
 
     Raises:
         ValueError: one line naming ``what`` and the path: missing, not a regular file, too
@@ -32,28 +57,13 @@ def read_regular(path: str | os.PathLike[str], what: str, max_bytes: int) -> byt
     """
     name = f"{what} {os.fspath(path)}"
     try:
-        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return read_regular_bytes(path, max_bytes)
     except FileNotFoundError:
         raise ValueError(f"{name}: no such file") from None
     except OSError as exc:
+        if exc.errno is None:  # ours: the reason is the text
+            raise ValueError(f"{name}: {exc}") from None
         raise ValueError(f"{name}: cannot read: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            raise ValueError(f"{name}: {kind}")
-        if info.st_size > max_bytes:
-            raise ValueError(f"{name}: {info.st_size} bytes is over the limit of {max_bytes}")
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            data = file.read(max_bytes + 1)
-    except OSError as exc:
-        raise ValueError(f"{name}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:  # it grew while being read
-        raise ValueError(f"{name}: over the limit of {max_bytes} bytes")
-    return data
 
 
 def read_regular_text(path: str | os.PathLike[str], what: str, max_bytes: int) -> str:

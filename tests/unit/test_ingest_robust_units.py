@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from ingest.batch import FileResult, IngestReport, duplicate_uploads, expand_paths
-from ingest.pdf import doc_id_for, read_pdf, utf8_name
+from ingest.batch import (
+    DocumentSink,
+    FileResult,
+    IngestReport,
+    _Planner,
+    duplicate_uploads,
+    expand_paths,
+    parse_path,
+)
+from ingest.pdf import PdfLimits, doc_id_for, read_pdf, utf8_name
 from tests.conftest import MANUAL_PAGES
 
 pytestmark = pytest.mark.unit
@@ -84,6 +94,34 @@ def test_expand_paths_searches_linked_folders_once_and_ends_a_link_loop(
     found = entries[0]
     assert isinstance(found, Path) and found.resolve() == kept.resolve()
     assert found == corpus / "again" / "mill" / "sluice.pdf"  # the first name, sorted
+
+
+def test_a_file_swapped_for_a_pipe_or_a_device_after_the_walk_is_refused_unread(
+    tmp_path: Path,
+) -> None:
+    """The walk saw regular files; by the time they are read one is a FIFO (a read would wait
+    for a writer forever) and one a link to a device (``/dev/zero`` would be read until memory
+    ran out): both are refused on the open file, by the planner and by the parser's read."""
+    fifo, device = tmp_path / "swapped.pdf", tmp_path / "device.pdf"
+    os.mkfifo(fifo)
+    device.symlink_to("/dev/null")
+    planner = _Planner(cast(DocumentSink, None), "key", PdfLimits(), "default", False)
+    outcomes: dict[Path, object] = {}
+
+    def plan_both() -> None:
+        for path in (fifo, device):
+            outcomes[path] = (planner.plan(path), parse_path(str(path), None, None, "default"))
+
+    reader = threading.Thread(target=plan_both, daemon=True)
+    reader.start()
+    reader.join(20)
+    if reader.is_alive():  # blocked on the FIFO: let it go before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert not reader.is_alive(), "a read waited on a FIFO"
+    for path in (fifo, device):
+        planned, parsed = cast(tuple[FileResult, str], outcomes[path])
+        assert (planned.status, planned.reason) == ("failed", "not a regular file")
+        assert parsed == "not a regular file"
 
 
 def test_duplicate_uploads_refuses_the_later_of_two_names() -> None:
