@@ -164,9 +164,10 @@ class IndexBackend(Protocol):
 
     @property
     def writes_refused(self) -> str | None:
-        """Why this index refuses to add chunks (None: it does not), said to the caller before
-        any document is parsed: it holds dense vectors and dense retrieval is off here, so
-        what it added would have none."""
+        """Why this index refuses writes (None: it does not), said to the caller before any
+        document is parsed: it holds dense vectors and dense retrieval is off here. What it
+        refuses is the backend's: the local store every write (each rewrites the snapshot
+        without the vectors), Qdrant additions (a point added would have none)."""
         ...
 
     def load(self) -> SearchView:

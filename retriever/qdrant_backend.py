@@ -16,7 +16,10 @@ process (``qdrant-edge-py``, a shard in a folder: ``RAGLINE_RETRIEVER_QDRANT_MOD
   old ones are deleted, so a search in between may see both; the generation moves after both;
 - searches read the live collection, so a request's view is its generation number, not a
   frozen copy;
-- inference-free IDF queries need document frequencies, which Qdrant does not expose.
+- inference-free IDF queries need document frequencies, which Qdrant does not expose;
+- writers of one collection are not locked against each other across processes (Qdrant has no
+  such lock; the embedded engine and local mode allow one process per folder anyway): keep one
+  writing process per collection on a server (`ragline ingest` or the role serving Ingest).
 """
 
 from __future__ import annotations
@@ -233,10 +236,10 @@ class QdrantBackend(HeldReads):
         if self.dense_enabled or not kept:
             return None
         return (
-            f"Qdrant collection {self.collection!r} holds dense vectors of {kept}, and dense "
-            "retrieval is off here (RAGLINE_RETRIEVER_DENSE_MODEL is empty): what it added "
-            f"would have none. Set RAGLINE_RETRIEVER_DENSE_MODEL={kept}, or write to another "
-            "collection"
+            f"Qdrant collection {self.collection!r} is written with dense vectors of {kept}, "
+            "and dense retrieval is off here (RAGLINE_RETRIEVER_DENSE_MODEL is empty): a "
+            f"document added now would have none. Set RAGLINE_RETRIEVER_DENSE_MODEL={kept}, or "
+            "write to another collection"
         )
 
     @property
@@ -318,7 +321,10 @@ class QdrantBackend(HeldReads):
     ) -> None:
         rows, vectors = check_encoded(self.schema, doc_id, chunks, rows, vectors)
         with self._lock:
-            self._meta = self._read_meta()  # another writer may have added the vectors
+            # Read again: a writer that loaded since may have made or embedded the collection.
+            # Qdrant has no lock between writer processes: one writer per collection (module
+            # docstring), else one may embed the collection while another writes without.
+            self._meta = self._read_meta()
             refused = self.writes_refused
             if refused:
                 raise FailedPrecondition(refused)
@@ -327,7 +333,15 @@ class QdrantBackend(HeldReads):
                     "the index has documents without dense vectors; embed them first"
                     " (Indexer.backfill_dense)"
                 )
-            self._ensure_collection(vectors.shape[1] if vectors is not None else None)
+            dim = vectors.shape[1] if vectors is not None else None
+            self._ensure_collection(dim)
+            changes: dict[str, Any] = {}
+            if dim is not None and self._meta.get("dense_model_id") != self.schema.dense_model_id:
+                # An empty collection made or emptied without this model's vectors (one that
+                # holds points was refused above): its first vectors name the model.
+                if not self.transport.has_dense():
+                    self.transport.add_dense(dim)
+                changes["dense_model_id"] = self.schema.dense_model_id
             old = set(self._point_ids(doc_id))
             points: list[PointRow] = []
             for n, chunk in enumerate(chunks):
@@ -341,7 +355,7 @@ class QdrantBackend(HeldReads):
             stale = sorted(old - {p[0] for p in points})
             if stale:
                 self.transport.delete_ids(stale)
-            self._bump()
+            self._bump(**changes)
 
     def delete(self, doc_id: str) -> int:
         with self._lock:

@@ -33,6 +33,7 @@ from services.settings import (
 
 if TYPE_CHECKING:
     from ingest.batch import IngestReport
+    from ragline.v1.ragline_pb2 import IngestRequest
 
 # OpenMP threads that spin while waiting steal the other core from the event loop, Redis and
 # gRPC: measured MiniLM query p50 116-492 ms spinning vs 15-23 ms passive on 2 busy cores.
@@ -257,7 +258,7 @@ class _Upload:
     """A file `ragline upload` has read and not yet settled: in flight, or waiting out a busy
     server's hint."""
 
-    request: Any  # ragline_pb2.IngestRequest: the file's bytes, held until it is settled
+    request: IngestRequest  # the file's bytes, held until it is settled
     until: float
     """Its --timeout, from when it was first sent (time.monotonic)."""
     tries: int = 0

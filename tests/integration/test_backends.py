@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -216,6 +217,50 @@ def test_a_backend_holding_vectors_refuses_additions_with_dense_retrieval_off(
     question = dense_encoder.encode_query("How loud is the machine when it works hardest?")
     top = backend.view.search_dense(question, 1, Filters())[0][0]
     assert top.doc_id == "parts" and backend.view.generation == view.generation + 1
+    close(backend)
+
+
+@pytest.mark.parametrize("kind", ["edge", "client"])
+def test_a_qdrant_writer_reads_the_models_again_before_it_adds(
+    kind: str,
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    dense_encoder: DenseEncoder,
+    make_pdf: Callable[..., Path],
+) -> None:
+    """Two writers of one collection, as on a server: one with dense retrieval off loaded it
+    before the other made it with vectors, so its first look says nothing is refused; its
+    addition is refused all the same. And a collection emptied after a dense-off writer made
+    it takes a dense-on writer's document with its vectors (it failed: no dense vector)."""
+    sparse_only = open_backend(kind, tmp_path, encoder, None)
+    sparse_only.load()
+    assert sparse_only.writes_refused is None  # nothing there yet
+    dense = QdrantBackend(schema_of(encoder, dense_encoder), path=tmp_path / "x", mode="client")
+    dense.transport.close()
+    dense.transport = cast(QdrantBackend, sparse_only).transport  # the same collection
+    dense.collection = "manuals"
+    with_dense = Indexer(dense, encoder, dense_encoder)
+    with_dense.load()
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], with_dense, progress=False)
+    report = run_batch(
+        [make_pdf("parts.pdf", EXTRA_PAGES)], Indexer(sparse_only, encoder), progress=False
+    )
+    assert [r.status for r in report.results] == ["failed"]
+    assert set(dense.documents()) == {"manual"}
+    close(sparse_only)
+
+    emptied = open_backend(kind, tmp_path / "emptied", encoder, None)
+    run_batch([make_pdf("parts.pdf", EXTRA_PAGES)], Indexer(emptied, encoder), progress=False)
+    emptied.delete("parts")
+    close(emptied)
+    backend = open_backend(kind, tmp_path / "emptied", encoder, dense_encoder)
+    indexer = Indexer(backend, encoder, dense_encoder)
+    indexer.load()
+    report = run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], indexer, progress=False)
+    assert [r.status for r in report.results] == ["ingested"], report.results[0].reason
+    question = dense_encoder.encode_query("Where is the file that configures the whole site?")
+    assert backend.view.has_dense and not backend.dense_missing
+    assert 3 in backend.view.search_dense(question, 1, Filters())[0][0].pages
     close(backend)
 
 
