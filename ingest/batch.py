@@ -210,6 +210,8 @@ def _expand_one(path: Path, warnings: list[str] | None) -> list[Path | FileResul
         reason = "not a regular file" if path.exists() else "no such file or directory"
     except OSError as exc:  # a parent folder that may not be searched, say
         reason = exc.strerror or str(exc)
+    except RecursionError:  # os.walk recurses: a tree deeper than ~1000 levels
+        reason = "the folder tree is too deep to search"
     return [FileResult(utf8_name(path), "", "failed", reason=reason)]
 
 
