@@ -449,10 +449,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
         for future in calls.values():
             future.cancel()
         bar.close()
+        again = {at for _, at in due}  # refused busy: cut_short says so (its call is done)
         for at in (*calls, *sending):  # in flight, or being sent when the stop came
-            outcomes.setdefault(
-                at, [unsettled(at, "not known whether it landed: the upload was stopped")]
-            )
+            if at not in again:
+                outcomes.setdefault(
+                    at, [unsettled(at, "not known whether it landed: the upload was stopped")]
+                )
         cut_short("not sent: the upload was stopped")
         raise
     bar.close()

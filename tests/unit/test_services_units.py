@@ -556,6 +556,38 @@ def test_an_upload_waits_out_a_busy_server_within_its_attempts_and_stops_with_th
     ]
 
 
+def test_an_upload_stopped_as_a_busy_refusal_is_set_aside_says_it_was_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C just after a file refused busy is set aside to be sent again (its call done,
+    not yet let go): the report says it was not sent again and was refused, not that it may
+    have landed."""
+    import heapq
+    import json
+
+    from services.cli import main
+
+    (tmp_path / "a.pdf").write_bytes(b"%PDF-1.7 a")
+    busy = _ScriptedIngest({"a.pdf": [("busy", 5.0), ("ok",)]})
+    real = heapq.heappush
+
+    def stopped(heap: list[Any], item: Any) -> None:
+        real(heap, item)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(heapq, "heappush", stopped)
+    report = tmp_path / "stopped.json"
+    argv = ["upload", str(tmp_path / "a.pdf"), "-q", "--target", f"127.0.0.1:{busy.port}"]
+    try:
+        assert main([*argv, "--timeout", "30", "--report", str(report)]) == 130
+    finally:
+        busy.server.stop(0)
+    [file] = json.loads(report.read_text())["files"]
+    assert file["reason"] == (
+        "not sent: the upload was stopped; refused before (RESOURCE_EXHAUSTED: busy)"
+    )
+
+
 def test_an_upload_of_any_size_is_sent_again_after_unavailable(tmp_path: Path) -> None:
     """gRPC retries a call only while its request fits the channel's retry buffer (256 KiB by
     default): the CLI's holds a whole upload, so a PDF is sent again after UNAVAILABLE."""
