@@ -42,6 +42,7 @@ the model (with its sha256), seed, settings and command: it is the data's proven
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import time
@@ -54,6 +55,7 @@ from credibility.distant import DistantConfig, Question, answers_in_context, gen
 from credibility.lexical import chunk_context
 from credibility.pairs import Pair
 from ragline.errors import FailedPrecondition, InvalidArgument
+from ragline.files import read_regular_text
 from ragline.types import Chunk
 
 FORMAT = "ragline-questions"
@@ -538,23 +540,50 @@ def writer_for_index(
     return QuestionWriter(view.chunks, search, teacher, config)
 
 
+MAX_FILE_BYTES = 1 << 30
+"""A questions file larger than this is refused (a few thousand items take megabytes)."""
+
+
 def read_file(path: Path) -> tuple[dict[str, Any] | None, list[Item]]:
-    """The header and the finished items of a questions file (a torn last line is ignored)."""
-    if not path.exists():
+    """The header and the finished items of a questions file (a torn last line is ignored);
+    (None, []) where there is none yet (no file, or an empty one).
+
+    Raises:
+        InvalidArgument: ``path`` is something else than a questions file (another file, which
+            would be overwritten; a folder, FIFO or device; a line that is no item).
+    """
+    if not os.path.lexists(path):
+        return None, []
+    try:
+        text = read_regular_text(path, "--out", MAX_FILE_BYTES)
+    except ValueError as exc:
+        raise InvalidArgument.for_field("out", str(exc)) from None
+    if not text:
         return None, []
     header: dict[str, Any] | None = None
     items: list[Item] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f):
-            if not line.endswith("\n"):
-                break  # written while the process died: redone on resume
+    lines = text.split("\n")
+    for n, line in enumerate(lines[:-1] if lines else []):  # the last: torn, or empty
+        try:
             record = json.loads(line)
             if n == 0:
-                if record.get("format") != FORMAT:
-                    raise InvalidArgument.for_field("out", f"{path} is not a {FORMAT} file")
+                if not isinstance(record, dict) or record.get("format") != FORMAT:
+                    raise ValueError("not a questions file")
                 header = record
             else:
                 items.append(Item(**record))
+        except (ValueError, TypeError, RecursionError):
+            what = f"is not a {FORMAT} file" if n == 0 else f"line {n + 1} is not a question item"
+            raise InvalidArgument.for_field(
+                "out", f"{path} {what} (it would be overwritten): choose another --out"
+            ) from None
+    # One line, torn (the process died writing the header): rewritten when it begins as ours
+    ours = json.dumps({"format": FORMAT})[:-1]
+    if header is None and not ours.startswith(lines[0][: len(ours)]):
+        raise InvalidArgument.for_field(
+            "out",
+            f"{path} is not a {FORMAT} file (it would be overwritten): choose another --out",
+        )
     return header, items
 
 

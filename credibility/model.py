@@ -89,6 +89,25 @@ def is_checkpoint(path: Path) -> bool:
     return (path / "model" / "config.json").is_file() and (path / "calibration.json").is_file()
 
 
+def check_out_dir(path: Path) -> None:
+    """Refuse, before any training, a checkpoint folder that would replace something else:
+    ``path`` may be missing, an empty folder or a credibility checkpoint (which is replaced).
+
+    Raises:
+        InvalidArgument: a file, a link, or a folder holding anything but a checkpoint.
+    """
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise InvalidArgument.for_field(
+            "out", f"{path} is not a folder: name a new folder for the checkpoint"
+        )
+    if path.is_dir() and not is_checkpoint(path) and any(path.iterdir()):
+        raise InvalidArgument.for_field(
+            "out",
+            f"{path} holds files that are not a credibility checkpoint (they would be "
+            "replaced): name a new or empty folder",
+        )
+
+
 def features_version(path: Path) -> int:
     """The lexical-features version a checkpoint was calibrated on (1 when it predates the
     record)."""

@@ -10,6 +10,7 @@ import json
 import logging
 import random
 import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from credibility.model import (
     PACKAGED_BASE,
     batched_logits,
     check_base,
+    check_out_dir,
     encode_pairs,
     feature_matrix,
     focus_passage,
@@ -129,6 +131,7 @@ def train(
 
     transformers.logging.set_verbosity_error()  # the new head's "MISSING" weights are expected
     config = (config or TrainConfig()).validate()
+    check_out_dir(out)
     if len({p.label for p in pairs}) < 2:
         raise InvalidArgument.for_field("pairs", "need both positive and negative pairs")
     started = time.perf_counter()
@@ -266,27 +269,38 @@ def train(
         },
         **(extra_report or {}),
     }
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "model").mkdir(parents=True)
-    model.save_pretrained(tmp / "model")
-    tokenizer.save_pretrained(tmp / "model")
-    (tmp / "calibration.json").write_text(json.dumps(calibrator.to_json(), indent=1))
-    (tmp / "report.json").write_text(json.dumps(report, indent=1))
-    write_pairs(tmp / "heldout.jsonl", [*calib_set, *test_set])  # bench/credibility.py reads
-    calibration.plot_reliability(
-        {
-            "uncalibrated": calibration.reliability(raw, held_labels),
-            f"calibrated ({method})": report["test"]["reliability"],
-        },
-        tmp / "reliability.png",
-        "Credibility classifier, held-out generated pairs (2-fold cross-fitted)",
-    )
-    old = out.with_name(out.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Names of our own beside ``out``: never a folder of the user's that happens to be there
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        (tmp / "model").mkdir()
+        model.save_pretrained(tmp / "model")
+        tokenizer.save_pretrained(tmp / "model")
+        (tmp / "calibration.json").write_text(json.dumps(calibrator.to_json(), indent=1))
+        (tmp / "report.json").write_text(json.dumps(report, indent=1))
+        write_pairs(tmp / "heldout.jsonl", [*calib_set, *test_set])  # bench/credibility.py reads
+        calibration.plot_reliability(
+            {
+                "uncalibrated": calibration.reliability(raw, held_labels),
+                f"calibrated ({method})": report["test"]["reliability"],
+            },
+            tmp / "reliability.png",
+            "Credibility classifier, held-out generated pairs (2-fold cross-fitted)",
+        )
+        check_out_dir(out)  # again: it may have changed during the training
+    except BaseException:  # nothing half-written is left beside it
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.with_name(f"{tmp.name[: -len('.tmp')]}.old")
     if out.exists():
         out.rename(old)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except BaseException:  # the checkpoint there before stays
+        if old.exists() and not out.exists():
+            old.rename(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(old, ignore_errors=True)
     return report
 

@@ -794,7 +794,13 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from credibility.distant import DistantConfig, pairs_from_index
-    from credibility.model import PACKAGED_BASE, check_base, is_checkpoint, stale_reason
+    from credibility.model import (
+        PACKAGED_BASE,
+        check_base,
+        check_out_dir,
+        is_checkpoint,
+        stale_reason,
+    )
     from credibility.pairs import Pair, read_pairs, write_pairs
     from credibility.train import TrainConfig, train
     from services.build import build_local_indexer
@@ -818,6 +824,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
         threads=settings.server.threads,
     ).validate()
     check_base(config_t.base)  # a bad --base fails now, not after minutes of generation
+    check_out_dir(out)  # a folder of other files is refused, not replaced after the training
     pairs: list[Pair] = []
     for path in args.pairs or []:
         pairs += read_pairs(Path(path), args.format)
@@ -874,7 +881,13 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
     import hashlib
     import shlex
 
-    from credibility.llm_questions import QuestionConfig, run, summary, writer_for_index
+    from credibility.llm_questions import (
+        QuestionConfig,
+        read_file,
+        run,
+        summary,
+        writer_for_index,
+    )
     from generator.llamacpp_backend import LlamaCppBackend
     from generator.models import resolve_gguf
     from services.build import build_local_indexer
@@ -888,6 +901,8 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
         kinds=tuple(args.kinds.split(",")) if args.kinds else QuestionConfig().kinds,
         mode="rewrite" if args.rewrite_templates else "write",
     ).validate()
+    read_file(Path(args.out))  # another file there is refused before the model is read
+    check_writable(Path(args.out))
     gguf = resolve_gguf(args.model)
     digest = hashlib.sha256()
     with gguf.open("rb") as f:

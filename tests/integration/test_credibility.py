@@ -443,6 +443,14 @@ def test_template_rewrites_are_checked_and_deterministic(
 def test_one_training_step_is_enough_to_run(rdata_store: Indexer, tmp_path: Path) -> None:
     """A batch holding every training pair: one step, which is also the warm-up's last."""
     pairs, _ = pairs_from_index(rdata_store, DistantConfig(max_questions=5, seed=1))
+    beside = tmp_path / "one.tmp"  # a folder of the user's, named as ours once was
+    beside.mkdir()
+    (beside / "kiln.txt").write_text("the kiln is lit")
     report = train(pairs, tmp_path / "one", TrainConfig(epochs=1, batch_size=512, threads=2))
     assert report["pairs"]["train"] <= 512 and report["final_loss"] is not None
     assert (tmp_path / "one" / "calibration.json").is_file()
+    # trained again into it: the checkpoint is replaced, nothing of ours left beside it
+    train(pairs, tmp_path / "one", TrainConfig(epochs=1, batch_size=512, threads=2, seed=1))
+    assert json.loads((tmp_path / "one" / "report.json").read_text())["config"]["seed"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "one.tmp"]
+    assert (beside / "kiln.txt").read_text() == "the kiln is lit"

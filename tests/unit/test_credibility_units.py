@@ -346,6 +346,41 @@ def test_a_checkpoint_calibrated_on_other_features_is_retrained(
     assert (old / "report.json").read_text() == before
 
 
+def test_a_checkpoint_folder_of_other_files_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` naming a folder of the user's files, or a file, is refused before anything
+    is read or trained (it used to be replaced, and a folder named like ours beside it
+    removed); an empty folder or an earlier checkpoint is fine."""
+    from credibility.model import check_out_dir
+    from services.cli import main
+
+    notes = tmp_path / "notes"
+    (notes / "drafts").mkdir(parents=True)
+    (notes / "mill.txt").write_text("the mill wheel turns")
+    beside = tmp_path / "notes.tmp"
+    beside.mkdir()
+    (beside / "kiln.txt").write_text("the kiln is lit")
+    (tmp_path / "ledger.txt").write_text("kept")
+    argv = ["credibility", "train", "-q", "--index-dir", str(tmp_path / "no-index")]
+    for out, said in (
+        (notes, "not a credibility checkpoint"),
+        (tmp_path / "ledger.txt", "not a folder"),
+    ):
+        assert main([*argv, "--out", str(out)]) == 2
+        assert said in capsys.readouterr().err
+    assert (notes / "mill.txt").read_text() == "the mill wheel turns" and (
+        notes / "drafts"
+    ).is_dir()
+    assert (beside / "kiln.txt").read_text() == "the kiln is lit"
+    assert (tmp_path / "ledger.txt").read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.txt", "notes", "notes.tmp"]
+    (tmp_path / "empty").mkdir()
+    check_out_dir(tmp_path / "empty")
+    check_out_dir(_fake_checkpoint(tmp_path / "earlier", {}))
+    check_out_dir(tmp_path / "new")
+
+
 def test_train_settings_out_of_range_are_named() -> None:
     from credibility.train import TrainConfig
 

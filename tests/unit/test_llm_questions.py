@@ -149,6 +149,40 @@ def test_another_jsonl_is_not_taken_for_a_questions_file(tmp_path: Path) -> None
         read_file(path)
 
 
+def test_a_file_that_is_no_questions_file_is_refused_not_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another file as ``--out`` is refused whatever its shape (one line without a newline
+    was taken for a torn header and overwritten), as are a FIFO and a device, and before the
+    model is read; an empty file, or a header torn as it was written, is begun afresh."""
+    import os
+
+    from services.cli import main
+
+    odd = {
+        "settings.json": '{"mill": "wheel"}',  # one line, no newline
+        "list.jsonl": "[1]\n",
+        "items.jsonl": json.dumps({"format": FORMAT, "version": 1}) + "\n[2]\n",
+        "nested.jsonl": "[" * 5000 + "\n",
+    }
+    for name, text in odd.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(InvalidArgument, match="choose another --out"):
+            read_file(tmp_path / name)
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    for special in (tmp_path / "pipe.jsonl", Path("/dev/zero")):
+        with pytest.raises(InvalidArgument, match="not a regular file"):
+            read_file(special)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "torn.jsonl").write_text(json.dumps({"format": FORMAT, "version": 1})[:20])
+    assert read_file(tmp_path / "empty.jsonl") == read_file(tmp_path / "torn.jsonl") == (None, [])
+
+    argv = ["credibility", "questions", "--model", str(tmp_path / "no-model.gguf")]
+    assert main([*argv, "--out", str(tmp_path / "settings.json")]) == 2
+    assert "is not a ragline-questions file" in capsys.readouterr().err
+    assert (tmp_path / "settings.json").read_text() == '{"mill": "wheel"}'
+
+
 def test_rewrite_mode_asks_for_the_span_from_one_sentence() -> None:
     messages = rewrite_messages("The frob daemon listens on port 7070.", "frob manual", "7070")
     prompt = messages[1]["content"]
