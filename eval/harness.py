@@ -16,7 +16,7 @@ import grpc
 import pymupdf
 
 from eval.corpus import corpus_manifest_for, ensure_corpus
-from eval.questions import LoadResult, load_beir, load_questions, load_squad2
+from eval.questions import LoadResult, corpus_id, load_beir, load_questions, load_squad2
 from eval.report import build_report, summary_table, write_outputs
 from eval.runner import DEFAULT_BATCH, DEFAULT_CANDIDATES, Runner
 from ragline.errors import InvalidArgument
@@ -89,7 +89,7 @@ def _texts_as_pdfs(texts: dict[str, str], folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for doc_id, text in texts.items():
-        path = folder / f"{doc_id}.pdf"
+        path = folder / f"{corpus_id(doc_id)}.pdf"  # never outside the folder
         if not path.exists():
             doc = pymupdf.open()
             page = doc.new_page()

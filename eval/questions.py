@@ -199,16 +199,37 @@ def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
     return run
 
 
+def corpus_id(value: object) -> str:
+    """A text corpus's document id, which names its PDF (``<id>.pdf`` in the corpus folder):
+    printable, without ``/``, not ``.`` or ``..``, at most 200 bytes as UTF-8.
+
+    Raises:
+        ValueError: any other id (``../x`` or ``/tmp/x`` would write outside the folder).
+    """
+    doc_id = str(value)
+    if (
+        not doc_id.isprintable()
+        or "/" in doc_id
+        or doc_id in ("", ".", "..")
+        or len(doc_id.encode("utf-8", "surrogatepass")) > 200
+    ):
+        raise ValueError(
+            f"_id {doc_id[:80]!r} cannot name a file (printable, no '/', <= 200 bytes)"
+        )
+    return doc_id
+
+
 def load_beir(folder: str | Path, split: str = "test") -> tuple[LoadResult, dict[str, str]]:
-    """A BEIR dataset folder → (questions with doc-level qrels, {doc id: title + text})."""
+    """A BEIR dataset folder → (questions with doc-level qrels, {doc id: title + text}); a
+    bad record is skipped with its line number in ``errors``."""
     folder = Path(folder)
     result = LoadResult()
     corpus: dict[str, str] = {}
     for number, line in enumerate((folder / "corpus.jsonl").open(encoding="utf-8"), start=1):
         try:
             doc = json.loads(line)
-            corpus[str(doc["_id"])] = f"{doc.get('title', '')}\n{doc['text']}".strip()
-        except (ValueError, KeyError) as exc:
+            corpus[corpus_id(doc["_id"])] = f"{doc.get('title', '')}\n{doc['text']}".strip()
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             result.errors.append(f"corpus.jsonl:{number}: {exc}")
     qrels: dict[str, dict[str, int]] = {}
     with (folder / "qrels" / f"{split}.tsv").open(encoding="utf-8") as fh:
@@ -222,6 +243,9 @@ def load_beir(folder: str | Path, split: str = "test") -> tuple[LoadResult, dict
             continue
         qid = str(raw.get("_id"))
         if qid not in qrels:
+            continue
+        if any(q.id == qid for q in result.questions):
+            result.errors.append(f"queries.jsonl:{number}: duplicate id {qid!r}")
             continue
         relevant = tuple(d for d, rel in qrels[qid].items() if rel > 0)
         result.questions.append(
@@ -241,12 +265,20 @@ def load_squad2(path: str | Path) -> tuple[LoadResult, dict[str, str]]:
     data = json.loads(Path(path).read_text())
     result = LoadResult()
     corpus: dict[str, str] = {}
+    seen: set[str] = set()
     for a, article in enumerate(data.get("data", [])):
         for p, paragraph in enumerate(article.get("paragraphs", [])):
             context_id = f"squad-{a}-{p}"
             corpus[context_id] = paragraph["context"]
             for qa in paragraph.get("qas", []):
-                impossible = bool(qa.get("is_impossible", False))
+                impossible = qa.get("is_impossible", False)
+                if not isinstance(impossible, bool):  # "false" would read as impossible
+                    result.errors.append(f"{qa.get('id')}: is_impossible must be true or false")
+                    continue
+                if str(qa["id"]) in seen:
+                    result.errors.append(f"{qa.get('id')}: duplicate id")
+                    continue
+                seen.add(str(qa["id"]))
                 answers = tuple(dict.fromkeys(x["text"] for x in qa.get("answers", [])))
                 if not impossible and not answers:
                     result.errors.append(f"{qa.get('id')}: answerable question without answers")

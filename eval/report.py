@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -170,21 +174,66 @@ def _lat(summary: dict[str, float] | None) -> str:
     return f"{summary['p50']:.1f} / {summary['p95']:.1f} / {summary['p99']:.1f} ms"
 
 
+OUTPUTS = (
+    "report.json",
+    "summary.md",
+    "rows.jsonl",
+    "run.trec",
+    "latency_cdf.png",
+    "credibility_pr.png",
+    "accuracy_by_type.png",
+)
+"""The files an eval writes into its ``--out`` folder."""
+
+
+def check_out(out: Path) -> None:
+    """Raise, before the run, the error writing into the ``--out`` folder would raise after
+    it: a file where the folder (or a folder above it) goes, a folder where an output goes,
+    no permission. A folder missing is made when the outputs are written.
+
+    Raises:
+        OSError: naming the path.
+    """
+    there = out
+    while not there.exists() and there.parent != there:  # the nearest folder that exists
+        if there.is_symlink():  # a dangling link: mkdir would fail on it
+            raise FileNotFoundError(errno.ENOENT, "a link to nothing", str(there))
+        there = there.parent
+    if not there.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(there))
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "permission denied", str(there))
+    for name in OUTPUTS:
+        there = out / name
+        if there.is_dir() and not there.is_symlink():
+            raise IsADirectoryError(errno.EISDIR, "a folder where an output file goes", str(there))
+
+
 def write_outputs(out: Path, report: dict[str, Any], rows: Sequence[dict]) -> list[Path]:
+    """Write the report, summary, rows, run file and plots into ``out``: all into a folder of
+    their own first, then each moved in (an earlier run's outputs are replaced together, not
+    some of them before a failure)."""
+    check_out(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    (out / "summary.md").write_text("# ragline eval\n\n" + summary_table(report) + "\n")
-    with (out / "rows.jsonl").open("w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-    write_trec_run(
-        out / "run.trec",
-        {r["id"]: [(h["chunk_id"], h["score"]) for h in r.get("retrieved", [])] for r in rows},
-        tag="ragline",
-    )
-    return [out / n for n in ("report.json", "summary.md", "rows.jsonl", "run.trec")] + _plots(
-        out, report, rows
-    )
+    staging = Path(tempfile.mkdtemp(prefix=".eval-", dir=out))
+    try:
+        (staging / "report.json").write_text(json.dumps(report, indent=1))
+        (staging / "summary.md").write_text("# ragline eval\n\n" + summary_table(report) + "\n")
+        with (staging / "rows.jsonl").open("w") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        write_trec_run(
+            staging / "run.trec",
+            {r["id"]: [(h["chunk_id"], h["score"]) for h in r.get("retrieved", [])] for r in rows},
+            tag="ragline",
+        )
+        written = ["report.json", "summary.md", "rows.jsonl", "run.trec"]
+        written += [p.name for p in _plots(staging, report, rows)]
+        for name in written:
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / name for name in written]
 
 
 def _plots(out: Path, report: dict[str, Any], rows: Sequence[dict]) -> list[Path]:

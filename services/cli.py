@@ -760,6 +760,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from eval.harness import EvalOptions, print_summary, run_eval
+    from eval.report import check_out
 
     options = EvalOptions(
         questions=Path(args.questions),
@@ -777,6 +778,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     if args.corpus_dir:
         options.corpus_dir = Path(args.corpus_dir)
+    check_out(options.out)  # before the run, not after it (main prints the error)
     report = asyncio.run(run_eval(options))
     print_summary(report, options.out)
     failed = report["counts"]["failed"]

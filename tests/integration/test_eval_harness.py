@@ -106,11 +106,17 @@ async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Pa
 
 
 async def test_retrieval_only_run_skips_answers(server: RunningServer, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    (out / "summary.md").parent.mkdir()
+    (out / "summary.md").write_text("an earlier run's")
     report = await run_eval(
-        against(server, write_questions(tmp_path / "q.jsonl"), tmp_path / "o", answers=False)
+        against(server, write_questions(tmp_path / "q.jsonl"), out, answers=False)
     )
     assert report["answers"] is None and report["latency_ms"]["answer"] is None
     assert report["retrieval"]["mrr@10"] > 0
+    # every output replaced, nothing of the writing left in the folder
+    assert "an earlier run's" not in (out / "summary.md").read_text()
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
 
 
 async def test_the_filter_is_measured_on_the_passages_answer_scores(

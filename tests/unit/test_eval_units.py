@@ -296,6 +296,42 @@ def test_beir_squad_and_trec_formats(tmp_path: Path) -> None:
     assert read_trec_qrels(qrels) == {"q1": {"d1": 1, "d3": 0}}
 
 
+def test_a_corpus_id_never_names_a_file_outside_the_corpus_folder(tmp_path: Path) -> None:
+    """A text corpus's ids name its PDFs: an id that is a path (``/tmp/x``, ``../x``) or
+    that no file can carry is skipped with its line, and nothing is written outside the
+    folder; a repeated question id and a SQuAD flag given as a string are skipped too."""
+    from eval.harness import load_any
+
+    beir = tmp_path / "odd"
+    (beir / "qrels").mkdir(parents=True)
+    escape = tmp_path / "escaped"
+    ids = [str(escape), "../../up", "sub/dir", "..", "bell\x07", "x" * 201, "kept-1"]
+    (beir / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": i, "text": "sluice gate"}) + "\n" for i in ids)
+    )
+    (beir / "queries.jsonl").write_text(
+        '{"_id": "1", "text": "which gate?"}\n{"_id": "1", "text": "again?"}\n'
+    )
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\tkept-1\t1\n")
+    corpus_dir = tmp_path / "corpus" / "deep"
+    loaded, pdfs = load_any(beir, corpus_dir)
+    assert [p.name for p in pdfs] == ["kept-1.pdf"] and pdfs[0].parent == corpus_dir / "beir-odd"
+    assert [e.split(":")[1] for e in loaded.errors] == ["1", "2", "3", "4", "5", "6", "2"]
+    assert [q.id for q in loaded.questions] == ["1"]
+    assert not escape.with_suffix(".pdf").exists() and not (tmp_path / "up.pdf").exists()
+    assert not (tmp_path / "corpus" / "up.pdf").exists()
+
+    squad = tmp_path / "flags.json"
+    qas = [
+        {"id": "a", "question": "Which gate?", "answers": [{"text": "sluice"}]},
+        {"id": "a", "question": "Again?", "answers": [{"text": "sluice"}]},
+        {"id": "b", "question": "Shut?", "answers": [], "is_impossible": "false"},
+    ]
+    squad.write_text(json.dumps({"data": [{"paragraphs": [{"context": "sluice", "qas": qas}]}]}))
+    loaded, _ = load_squad2(squad)
+    assert [q.id for q in loaded.questions] == ["a"] and len(loaded.errors) == 2
+
+
 def test_the_filter_is_measured_on_what_the_servers_answer_scores() -> None:
     from eval.harness import EvalOptions, _scoring
 
@@ -334,3 +370,26 @@ def test_a_question_file_with_nothing_readable_is_an_error_not_a_report(
     assert main(["eval", "--questions", str(bad), "--out", str(out), "--no-answers", "-q"]) == 2
     assert "no question could be read (2 skipped)" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_an_eval_out_that_cannot_take_the_outputs_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` naming a file, or a folder where an output goes, is an error before any
+    question is asked (it came after the whole run, with some outputs replaced already)."""
+    from services.cli import main
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "q1", "question": "Which gate?", "answerable": false}\n')
+    argv = ["eval", "--questions", str(questions), "--no-answers", "-q"]
+    argv += ["--target", "127.0.0.1:1"]  # nothing listens: a run would fail differently
+    (tmp_path / "ledger.txt").write_text("kept")
+    assert main([*argv, "--out", str(tmp_path / "ledger.txt")]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    earlier = tmp_path / "earlier"
+    (earlier / "rows.jsonl").mkdir(parents=True)
+    (earlier / "report.json").write_text("an earlier run's")
+    assert main([*argv, "--out", str(earlier)]) == 2
+    assert "a folder where an output file goes" in capsys.readouterr().err
+    assert (earlier / "report.json").read_text() == "an earlier run's"
+    assert (tmp_path / "ledger.txt").read_text() == "kept"
