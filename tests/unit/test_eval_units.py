@@ -393,3 +393,59 @@ def test_an_eval_out_that_cannot_take_the_outputs_is_refused_before_the_run(
     assert "a folder where an output file goes" in capsys.readouterr().err
     assert (earlier / "report.json").read_text() == "an earlier run's"
     assert (tmp_path / "ledger.txt").read_text() == "kept"
+
+
+def test_a_corpus_manifest_that_does_not_read_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The corpus.json beside a questions file: a malformed one, one naming a file outside
+    the corpus folder, a path outside its package or a package apt would read as an option,
+    and a FIFO, are each one line naming the manifest (they were tracebacks or a hang);
+    nothing is fetched."""
+    import os
+
+    from eval.corpus import CorpusError, read_manifest
+    from services.cli import main
+
+    good = {"file": "kiln.pdf", "path": "usr/share/doc/kiln.pdf", "sha256": "a" * 64}
+    bad = {
+        "{}": "missing 'pdfs'",
+        "nope": "Expecting value",
+        json.dumps({"pdfs": [good | {"package": "p1"}], "debs": {}}): "not listed in 'debs'",
+        json.dumps({"pdfs": [good | {"file": "../up.pdf", "package": "kiln-doc"}], "debs": {}}): (
+            "not a plain file name"
+        ),
+        json.dumps({"pdfs": [good | {"path": "/etc/shadow", "package": "kiln-doc"}], "debs": {}}): (
+            "must lie inside its package"
+        ),
+        json.dumps(
+            {
+                "pdfs": [good | {"package": "-oDebug::pkgAcquire=1"}],
+                "debs": {"-oDebug::pkgAcquire=1": {}},
+            }
+        ): "is not listed",
+        json.dumps(
+            {"pdfs": [good | {"package": "kiln-doc"}], "debs": {"kiln-doc": {"version": "1 -y"}}}
+        ): "is not a version",
+    }
+    manifest = tmp_path / "corpus.json"
+    for text, said in bad.items():
+        manifest.write_text(text)
+        with pytest.raises(CorpusError, match=said):
+            read_manifest(manifest)
+    manifest.write_text(
+        json.dumps(
+            {"pdfs": [good | {"package": "kiln-doc"}], "debs": {"kiln-doc": {"version": "1.0-2"}}}
+        )
+    )
+    pdfs, debs = read_manifest(manifest)
+    assert pdfs[0]["file"] == "kiln.pdf" and debs == {"kiln-doc": {"version": "1.0-2"}}
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "q1", "question": "Which gate?", "answerable": false}\n')
+    manifest.unlink()
+    os.mkfifo(manifest)
+    argv = ["eval", "--questions", str(questions), "--no-answers", "-q", "--target", "127.0.0.1:1"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "corpus.json: not a usable corpus manifest" in err and "not a regular file" in err
