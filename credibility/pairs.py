@@ -51,7 +51,7 @@ def read_pairs(path: Path, fmt: PairFormat = "auto") -> list[Pair]:
         raise InvalidArgument.for_field(
             "pairs", f"{path}: not UTF-8 text (byte {exc.start})"
         ) from None
-    except (TypeError, AttributeError, KeyError) as exc:  # JSON of another shape
+    except (TypeError, AttributeError, KeyError, RecursionError) as exc:  # JSON of another shape
         raise InvalidArgument.for_field(
             "pairs", f"{path}: not {fmt} pairs ({type(exc).__name__}: {str(exc)[:80]})"
         ) from None
@@ -93,13 +93,19 @@ def _read_jsonl(path: Path) -> list[Pair]:
                 row = json.loads(line)
                 query = row.get("query") or row["question"]
                 passage = row.get("passage") or row["text"]
-                label = int(row["label"])
-            except (ValueError, KeyError, TypeError) as exc:
+                label = row["label"]
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
                 raise InvalidArgument.for_field(
                     "pairs", f"{path}:{n}: needs query, passage and label 0/1 ({exc})"
-                ) from exc
-            if label not in (0, 1):
+                ) from None
+            if not isinstance(query, str) or not isinstance(passage, str):
+                raise InvalidArgument.for_field(
+                    "pairs", f"{path}:{n}: query and passage must be strings"
+                )
+            # 0.3 and true read as labels once (int() took them): a label is 0 or 1 exactly
+            if isinstance(label, bool) or label not in (0, 1):
                 raise InvalidArgument.for_field("pairs", f"{path}:{n}: label must be 0 or 1")
+            label = int(label)
             pairs.append(
                 Pair(
                     query,
@@ -159,7 +165,9 @@ def _read_msmarco(path: Path) -> list[Pair]:
     pairs = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
-            parts = line.rstrip("\n").split("\t")
+            if not line.strip():  # a blank line (a trailing one, say)
+                continue
+            parts = line.rstrip("\r\n").split("\t")
             if len(parts) != 3:
                 raise InvalidArgument.for_field(
                     "pairs", f"{path}:{n}: expected query<TAB>positive<TAB>negative"

@@ -112,6 +112,25 @@ def test_jsonl_round_trip_and_bad_rows(tmp_path: Path) -> None:
     latin.write_bytes(b'{"query": "caf\xe9", "passage": "p", "label": 1}\n')
     with pytest.raises(InvalidArgument, match=r"latin\.jsonl: not UTF-8 text"):
         read_pairs(latin)
+    # a row of another shape is one error naming its line, never a trace later in training
+    odd = {
+        '{"query": "q", "passage": "p", "label": 0.3}': "label must be 0 or 1",
+        '{"query": "q", "passage": "p", "label": true}': "label must be 0 or 1",
+        '{"query": 1, "passage": {"a": [1]}, "label": 0}': "query and passage must be strings",
+        "[1]": "needs query, passage and label",
+        "[" * 100_000: "needs query, passage and label",
+    }
+    for n, row in enumerate(odd):
+        path = tmp_path / f"odd{n}.jsonl"
+        path.write_text(row + "\n")
+        with pytest.raises(InvalidArgument, match=rf"odd{n}\.jsonl:1: {odd[row]}"):
+            read_pairs(path)
+    triples = tmp_path / "triples.tsv"
+    triples.write_text("which gate?\tthe sluice gate\tthe kiln\r\n\n")  # blank last line
+    assert [(p.passage, p.label) for p in read_pairs(triples)] == [
+        ("the sluice gate", 1),
+        ("the kiln", 0),
+    ]
 
 
 def test_squad_v2_gives_positives_impossible_and_other_paragraph_negatives(tmp_path: Path) -> None:
