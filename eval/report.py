@@ -19,6 +19,7 @@ from eval.metrics import (
     retrieval_metrics,
 )
 from eval.questions import write_trec_run
+from ragline.errors import visible
 
 
 def build_report(
@@ -143,6 +144,12 @@ def summary_table(report: dict[str, Any]) -> str:
         f"{_fmt(((report['retrieval'] or {}).get('strict') or {}).get('recall@10'))}",
         f"- Graph path: {_graph_line(report.get('graph') or {})}",
         f"- Errors: {report['counts']['errors']}",
+        *(f"  - {visible(e)[:300]}" for e in report["errors"][:5]),
+        *(
+            [f"  - … {len(report['errors']) - 5} more in report.json"]
+            if len(report["errors"]) > 5
+            else []
+        ),
     ]
     if lat.get("answer"):
         lines += [

@@ -783,11 +783,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print_summary(report, options.out)
     failed = report["counts"]["failed"]
     if failed:  # questions whose requests failed: the figures do not measure them
+        from collections import Counter
+
+        reasons = Counter(e.split(": ", 1)[-1] for e in report["errors"][-failed:])
+        reason, times = reasons.most_common(1)[0]
         print(
             f"error: the requests of {failed} of {report['counts']['questions']} question(s) "
-            "failed (see Errors)",
+            f"failed ({times} with {visible(reason)[:300]}; every one under Errors in "
+            f"{options.out}/summary.md)",
             file=sys.stderr,
         )
+        if reason.startswith("UNIMPLEMENTED"):
+            print(
+                "hint: the evidence filter is measured through the server's internal stage "
+                "port: start it with RAGLINE_SERVER_INTERNAL_PORT set and pass --stages-target "
+                "HOST:PORT",
+                file=sys.stderr,
+            )
         return 1
     return 0
 

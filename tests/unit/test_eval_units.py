@@ -449,3 +449,45 @@ def test_a_corpus_manifest_that_does_not_read_is_one_error_line(
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "corpus.json: not a usable corpus manifest" in err and "not a regular file" in err
+
+
+def test_the_summary_lists_the_errors_it_counts() -> None:
+    """``summary.md`` shows the first errors under its count (the CLI's failure line points
+    there), a control character in a server's detail escaped."""
+    from eval.report import build_report, summary_table
+
+    rows = [
+        {"id": f"q{i}", "type": "factoid", "answerable": True, "error": "UNAVAILABLE: gone\x1b"}
+        for i in range(7)
+    ]
+    table = summary_table(build_report(rows, 0.5, {}, []))
+    listed = table.split("- Errors: 7\n")[1].splitlines()
+    assert listed[:5] == [f"  - q{i}: UNAVAILABLE: gone\\x1b" for i in range(5)]
+    assert listed[5] == "  - … 2 more in report.json"
+
+
+def test_a_run_whose_requests_failed_says_the_commonest_reason_and_a_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against a server without its internal stage port every Score is UNIMPLEMENTED: the
+    command line says so, with the setting that serves it, not only "see Errors"."""
+    import eval.harness
+    from eval.report import build_report
+    from services.cli import main
+
+    rows = [
+        {"id": f"q{i}", "type": "factoid", "answerable": True, "error": "UNIMPLEMENTED: nope"}
+        for i in range(3)
+    ]
+
+    async def failing(options: Any) -> dict[str, Any]:
+        return build_report(rows, 0.5, {}, ["q.jsonl:9: not JSON"])
+
+    monkeypatch.setattr(eval.harness, "run_eval", failing)
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"id": "q1", "question": "Which gate?", "answerable": false}\n')
+    argv = ["eval", "--questions", str(questions), "--out", str(tmp_path / "o"), "-q"]
+    assert main([*argv, "--target", "127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err
+    assert "failed (3 with UNIMPLEMENTED: nope;" in err
+    assert "RAGLINE_SERVER_INTERNAL_PORT" in err and "--stages-target" in err
