@@ -202,7 +202,7 @@ class TokenRegistry:
     """The configured tokens, by hash. Build with :meth:`from_json_text` / :meth:`from_file`,
     combine with :meth:`merge`; each raises ValueError naming the problem."""
 
-    def __init__(self, entries: Iterable[TokenEntry] = ()) -> None:
+    def __init__(self, entries: Iterable[TokenEntry] = (), source: str = "token config") -> None:
         self.entries: tuple[TokenEntry, ...] = tuple(entries)
         for kind, values in (
             ("name", [e.name for e in self.entries]),
@@ -211,7 +211,7 @@ class TokenRegistry:
             dupes = sorted({v for v in values if values.count(v) > 1})
             if dupes:
                 shown = dupes if kind == "name" else [d[:12] + "..." for d in dupes]
-                raise ValueError(f"token config: duplicate token {kind} {shown}")
+                raise ValueError(f"{source}: duplicate token {kind} {shown}")
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -223,11 +223,17 @@ class TokenRegistry:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{source}: not valid JSON: {exc}") from None
-        if not isinstance(data, dict) or set(data) != {"tokens"}:
+        if not isinstance(data, dict) or "tokens" not in data:
             raise ValueError(f'{source}: expected an object {{"tokens": [...]}}')
+        if set(data) != {"tokens"}:
+            others = ", ".join(sorted(repr(k) for k in data if k != "tokens"))[:200]
+            raise ValueError(f'{source}: unknown keys beside "tokens": {others}')
         if not isinstance(data["tokens"], list):
             raise ValueError(f"{source}: tokens: expected a list")
-        return cls(_parse_entry(e, f"{source}: tokens[{i}]") for i, e in enumerate(data["tokens"]))
+        return cls(
+            (_parse_entry(e, f"{source}: tokens[{i}]") for i, e in enumerate(data["tokens"])),
+            source,
+        )
 
     @classmethod
     def from_file(cls, path: str | Path) -> TokenRegistry:

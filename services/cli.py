@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import math
@@ -663,20 +664,28 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         token, entry = new_token(args.name, split(args.scopes), split(args.collections))
         if args.file:
             path = Path(args.file)
-            existing = (
-                read_regular_text(path, "token file", TOKEN_FILE_MAX_BYTES)
-                if path.exists()
-                else '{"tokens": []}'
-            )
-            # a file that is not a token file ([] or null, say) is refused, not extended
-            TokenRegistry.from_json_text(existing, f"token file {path}")
-            data = json.loads(existing)
-            data["tokens"].append(entry)
-            text = json.dumps(data, indent=1)
-            TokenRegistry.from_json_text(text, f"token file {path}")  # refuse a duplicate name
-            write_atomic(path, text + "\n", mode=0o600)
-    except (ValueError, KeyError, OSError) as exc:
+            check_writable(path)
+            # Two runs at once would each add to what they read: one waits for the other
+            lock = path.with_name(f".{path.name}.lock")
+            with lock.open("a") as held:
+                fcntl.flock(held, fcntl.LOCK_EX)
+                existing = (
+                    read_regular_text(path, "token file", TOKEN_FILE_MAX_BYTES)
+                    if path.exists()
+                    else '{"tokens": []}'
+                )
+                # a file that is not a token file ([] or null, say) is refused, not extended
+                TokenRegistry.from_json_text(existing, f"token file {path}")
+                data = json.loads(existing)
+                data["tokens"].append(entry)
+                text = json.dumps(data, indent=1)
+                TokenRegistry.from_json_text(text, f"token file {path}")  # a duplicate name
+                write_atomic(path, text + "\n", mode=0o600)
+    except (ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file, or a folder on its way: named, with the reason
+        print(f"error: cannot write the token file {args.file}: {_why(exc)}", file=sys.stderr)
         return 2
     print(f"token (give it to {args.name}; it is shown only now):\n{token}")
     where = f"added to {args.file}" if args.file else "add to the token file's list"

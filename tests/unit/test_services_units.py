@@ -336,6 +336,47 @@ def test_unusable_client_tls_and_token_files_are_one_line_errors(
         assert tokens.read_text() == text  # nothing written
 
 
+def test_token_create_names_the_file_and_two_at_once_keep_both_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Errors name the token file (not the temporary file written beside it, nor a raw
+    errno), a repeated name names the file, and two runs adding to one file at once both
+    land (each added to what it read, and one entry was lost)."""
+    import json
+    import threading
+
+    from services.cli import main
+
+    tokens = tmp_path / "tokens.json"
+    argv = ["token", "create", "--scopes", "read", "--file"]
+    assert main([*argv, str(tmp_path / "no-folder" / "t.json"), "--name", "mill"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write the token file {tmp_path / 'no-folder' / 't.json'}")
+    assert ".tmp" not in err and "Errno" not in err
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "gone.json")
+    assert main([*argv, str(tmp_path / "dangling.json"), "--name", "mill"]) == 2
+    assert "dangling.json: a link: not replaced" in capsys.readouterr().err
+    assert main([*argv, str(tokens), "--name", "mill"]) == 0
+    assert main([*argv, str(tokens), "--name", "mill"]) == 2
+    assert f"token file {tokens}: duplicate token name ['mill']" in capsys.readouterr().err
+    tokens.write_text('{"tokens": [], "note": "x"}')
+    assert main([*argv, str(tokens), "--name", "kiln"]) == 2
+    assert "unknown keys beside \"tokens\": 'note'" in capsys.readouterr().err
+    tokens.write_text('{"tokens": []}')
+    codes: list[int] = []
+    runs = [
+        threading.Thread(target=lambda n=n: codes.append(main([*argv, str(tokens), "--name", n])))
+        for n in ("loom", "sluice", "kiln", "weir")
+    ]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(60)
+    assert codes == [0, 0, 0, 0]
+    names = sorted(e["name"] for e in json.loads(tokens.read_text())["tokens"])
+    assert names == ["kiln", "loom", "sluice", "weir"]
+
+
 def test_the_no_server_hint_is_for_a_target_nothing_answers_at() -> None:
     """gRPC's own connect failure gets the hint; a gateway that answers UNAVAILABLE because a
     stage is down (a retry hint in its status details) does not."""
