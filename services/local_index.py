@@ -78,6 +78,18 @@ def check_doc_id(doc_id: str) -> None:
         raise InvalidArgument.for_field("doc_id", f"must be 1-{MAX_NAME_CHARS} characters")
 
 
+def _not_held(doc_id: str, collection: str) -> str:
+    """NOT_FOUND's text for a delete: the collection asked about, and the id a file name
+    would give where the caller named the file (whether the document is elsewhere is not
+    said: it may not be the caller's to know)."""
+    text = f"no document with id {doc_id!r}" + (
+        f" in collection {collection!r}" if collection else ""
+    )
+    if doc_id.lower().endswith(".pdf") and doc_id[:-4].strip():
+        text += f" (a document's id is its file name without .pdf: {doc_id[:-4].strip()!r})"
+    return text
+
+
 def _taken(source: str) -> FileResult:
     """The result for a file whose document id belongs to a collection the caller may not
     change: which collection is not said (it is not the caller's to know)."""
@@ -514,10 +526,12 @@ class LocalIndex:
         async def locked() -> tuple[int, int]:
             async with self._lock:
                 held_by = self.store.collection_of(doc_id)
-                if (collection and held_by != collection) or (
-                    allowed is not None and held_by not in allowed
+                if (
+                    held_by is None
+                    or (collection and held_by != collection)
+                    or (allowed is not None and held_by not in allowed)
                 ):
-                    raise NotFound(f"no document with id {doc_id!r}")
+                    raise NotFound(_not_held(doc_id, collection))
                 removed = await asyncio.to_thread(self.store.delete, doc_id)
                 await asyncio.to_thread(self._changed)
                 return removed, self.store.view.generation

@@ -203,6 +203,16 @@ async def test_unknown_doc_id_is_not_found(channel) -> None:  # type: ignore[no-
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="nope"), timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    # the file's name for its id: the id it would have is said; a collection asked is named
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.DeleteDocument(
+            ragline_pb2.DeleteDocumentRequest(doc_id="Weir Notes.PDF", collection="mill"),
+            timeout=10,
+        )
+    assert info.value.details() == (
+        "no document with id 'Weir Notes.PDF' in collection 'mill' (a document's id is its "
+        "file name without .pdf: 'Weir Notes')"
+    )
     # a collection name no collection can have is refused as Ingest refuses it
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.DeleteDocument(
