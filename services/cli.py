@@ -1410,6 +1410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown and all(a.startswith("-") for a in unknown):  # argparse would ask for COMMAND
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (options go after COMMAND)")
     args = parser.parse_args(given)
+    if getattr(args, "quiet", False):  # the model libraries' own bars ("Loading weights")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        if "transformers" in sys.modules:  # imported already (a test, a notebook)
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

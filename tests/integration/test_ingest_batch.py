@@ -427,6 +427,10 @@ def test_killed_ingest_resumes_without_duplicates_or_losses(
     report = json.loads(report_file.read_text())
     assert report["unchanged"] == statuses["unchanged"] and report["failed"] == 0
     assert [Path(f["source"]).name for f in report["files"]] == [f"doc{n}.pdf" for n in range(6)]
+    # -q: the summary alone, without the model libraries' loading bars
+    quiet = subprocess.run([*command, "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert quiet.returncode == 0 and "6 unchanged" in quiet.stdout, quiet.stderr
+    assert "Loading weights" not in quiet.stderr and "%|" not in quiet.stderr, quiet.stderr
 
     index = make_indexer(tmp_path / "index", encoder)
     index.load()
