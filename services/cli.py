@@ -700,6 +700,8 @@ INT32_MAX = 2**31 - 1
 def _target_arg(text: str) -> str:
     """An argparse type: a server target (:func:`services.settings.check_target`)."""
     try:
+        if not text:  # it read as "not given": the default target, silently
+            raise ValueError("an empty target names no server (host:port)")
         return check_target(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None

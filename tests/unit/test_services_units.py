@@ -692,6 +692,12 @@ def test_a_target_port_out_of_range_is_refused() -> None:
         with pytest.raises(SystemExit) as refused:
             main(["stats", "--target", bad])
         assert refused.value.code == 2
+    for odd in ("", "127.0.0.1:50051\nevil", "host name:1"):  # "" read as "the default"
+        with pytest.raises(SystemExit) as refused:
+            main(["stats", "--target", odd])
+        assert refused.value.code == 2
+    with pytest.raises(ValueError, match="without spaces"):
+        check_target("127.0.0.1:1\t")
     for good in ("127.0.0.1:50051", "[::1]:1", "dns:///ragline.internal:443", "unix:/tmp/s"):
         assert check_target(good) == good
     with pytest.raises(ValueError, match="not in 1-65535"):
