@@ -55,7 +55,7 @@ from credibility.distant import DistantConfig, Question, answers_in_context, gen
 from credibility.lexical import chunk_context
 from credibility.pairs import Pair
 from ragline.errors import FailedPrecondition, InvalidArgument
-from ragline.files import read_regular_text
+from ragline.files import read_regular_bytes
 from ragline.types import Chunk
 
 FORMAT = "ragline-questions"
@@ -544,28 +544,31 @@ MAX_FILE_BYTES = 1 << 30
 """A questions file larger than this is refused (a few thousand items take megabytes)."""
 
 
-def read_file(path: Path) -> tuple[dict[str, Any] | None, list[Item]]:
-    """The header and the finished items of a questions file (a torn last line is ignored);
-    (None, []) where there is none yet (no file, or an empty one).
+def read_file(path: Path, role: str = "out") -> tuple[dict[str, Any] | None, list[Item]]:
+    """The header and the finished items of a questions file (a torn last line is ignored,
+    cut anywhere, a UTF-8 character included); (None, []) where there is none yet (no file,
+    or an empty one). ``role``: ``out`` (the file written to: another file there would be
+    overwritten) or ``pairs`` (read for training), for the errors' wording.
 
     Raises:
-        InvalidArgument: ``path`` is something else than a questions file (another file, which
-            would be overwritten; a folder, FIFO or device; a line that is no item).
+        InvalidArgument: ``path`` is something else than a questions file (another file; a
+            folder, FIFO or device; a line that is no item).
     """
     if not os.path.lexists(path):
         return None, []
     try:
-        text = read_regular_text(path, "--out", MAX_FILE_BYTES)
-    except ValueError as exc:
-        raise InvalidArgument.for_field("out", str(exc)) from None
-    if not text:
+        data = read_regular_bytes(path, MAX_FILE_BYTES)
+    except OSError as exc:
+        raise InvalidArgument.for_field(role, f"{path}: {exc.strerror or exc}") from None
+    if not data:
         return None, []
+    advice = " (it would be overwritten): choose another --out" if role == "out" else ""
     header: dict[str, Any] | None = None
     items: list[Item] = []
-    lines = text.split("\n")
-    for n, line in enumerate(lines[:-1] if lines else []):  # the last: torn, or empty
+    lines = data.split(b"\n")  # the last: torn (ignored), or empty
+    for n, raw in enumerate(lines[:-1]):
         try:
-            record = json.loads(line)
+            record = json.loads(raw.decode("utf-8"))
             if n == 0:
                 if not isinstance(record, dict) or record.get("format") != FORMAT:
                     raise ValueError("not a questions file")
@@ -573,17 +576,18 @@ def read_file(path: Path) -> tuple[dict[str, Any] | None, list[Item]]:
             else:
                 items.append(Item(**record))
         except (ValueError, TypeError, RecursionError):
-            what = f"is not a {FORMAT} file" if n == 0 else f"line {n + 1} is not a question item"
+            if n == 0:
+                raise InvalidArgument.for_field(
+                    role, f"{path} is not a {FORMAT} file{advice}"
+                ) from None
+            fix = ": repair or remove it" + (", or choose another --out" if role == "out" else "")
             raise InvalidArgument.for_field(
-                "out", f"{path} {what} (it would be overwritten): choose another --out"
+                role, f"{path} line {n + 1} is not a question item{fix}"
             ) from None
     # One line, torn (the process died writing the header): rewritten when it begins as ours
-    ours = json.dumps({"format": FORMAT})[:-1]
+    ours = json.dumps({"format": FORMAT})[:-1].encode()
     if header is None and not ours.startswith(lines[0][: len(ours)]):
-        raise InvalidArgument.for_field(
-            "out",
-            f"{path} is not a {FORMAT} file (it would be overwritten): choose another --out",
-        )
+        raise InvalidArgument.for_field(role, f"{path} is not a {FORMAT} file{advice}")
     return header, items
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,7 +97,17 @@ def check_out_dir(path: Path) -> None:
     Raises:
         InvalidArgument: a file, a link, or a folder holding anything but a checkpoint.
     """
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
+    if not Path(os.path.abspath(path)).name:  # "/": no folder beside it to write into
+        raise InvalidArgument.for_field("out", f"{path} cannot be replaced by a checkpoint")
+    if os.path.abspath(path) == os.getcwd():  # the folder is replaced, not written into
+        raise InvalidArgument.for_field(
+            "out", f"{path} is the current folder: name the checkpoint folder from outside it"
+        )
+    if path.is_symlink():  # replacing it would replace the link, not the folder it names
+        raise InvalidArgument.for_field(
+            "out", f"{path} is a link: name the folder it points at, or a new folder"
+        )
+    if path.exists() and not path.is_dir():
         raise InvalidArgument.for_field(
             "out", f"{path} is not a folder: name a new folder for the checkpoint"
         )

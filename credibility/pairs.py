@@ -14,6 +14,7 @@ from typing import Literal
 
 from ragline.errors import InvalidArgument
 from ragline.files import write_atomic
+from ragline.types import squad_flag
 
 PairFormat = Literal["auto", "jsonl", "squad", "msmarco", "questions"]
 
@@ -51,7 +52,8 @@ def read_pairs(path: Path, fmt: PairFormat = "auto") -> list[Pair]:
         raise InvalidArgument.for_field(
             "pairs", f"{path}: not UTF-8 text (byte {exc.start})"
         ) from None
-    except (TypeError, AttributeError, KeyError, RecursionError) as exc:  # JSON of another shape
+    except (TypeError, AttributeError, KeyError, RecursionError, ValueError) as exc:
+        # JSON of another shape (a SQuAD flag of another type is a ValueError)
         raise InvalidArgument.for_field(
             "pairs", f"{path}: not {fmt} pairs ({type(exc).__name__}: {str(exc)[:80]})"
         ) from None
@@ -103,6 +105,9 @@ def _read_jsonl(path: Path) -> list[Pair]:
                     "pairs", f"{path}:{n}: query and passage must be strings"
                 )
             # 0.3 and true read as labels once (int() took them): a label is 0 or 1 exactly
+            # ("0" and "1" as strings too, as exports write them)
+            if isinstance(label, str) and label.strip() in ("0", "1"):
+                label = int(label)
             if isinstance(label, bool) or label not in (0, 1):
                 raise InvalidArgument.for_field("pairs", f"{path}:{n}: label must be 0 or 1")
             label = int(label)
@@ -123,7 +128,7 @@ def _read_questions(path: Path) -> list[Pair]:
     """The kept questions of a ``ragline credibility questions`` file, as pairs."""
     from credibility.llm_questions import pairs_from_items, read_file
 
-    return list(pairs_from_items(read_file(path)[1], f":{path.name}:"))
+    return list(pairs_from_items(read_file(path, role="pairs")[1], f":{path.name}:"))
 
 
 def _read_squad(path: Path) -> list[Pair]:
@@ -140,7 +145,7 @@ def _read_squad(path: Path) -> list[Pair]:
         for i, paragraph in enumerate(article.get("paragraphs", [])):
             for qa in paragraph.get("qas", []):
                 answers = [a["text"] for a in qa.get("answers", []) if a.get("text")]
-                impossible = bool(qa.get("is_impossible")) or not answers
+                impossible = squad_flag(qa.get("is_impossible", False)) or not answers
                 group = str(qa.get("id", len(pairs)))
                 pairs.append(
                     Pair(

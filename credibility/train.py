@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import shutil
-import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -35,6 +36,7 @@ from credibility.model import (
 )
 from credibility.pairs import Pair, write_pairs
 from ragline.errors import InvalidArgument
+from ragline.files import sweep_process_folders
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +133,7 @@ def train(
 
     transformers.logging.set_verbosity_error()  # the new head's "MISSING" weights are expected
     config = (config or TrainConfig()).validate()
+    out = Path(os.path.abspath(out))  # "." has a name, and a folder beside it, this way
     check_out_dir(out)
     if len({p.label for p in pairs}) < 2:
         raise InvalidArgument.for_field("pairs", "need both positive and negative pairs")
@@ -269,9 +272,7 @@ def train(
         },
         **(extra_report or {}),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Names of our own beside ``out``: never a folder of the user's that happens to be there
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp, old = _staging(out)
     try:
         (tmp / "model").mkdir()
         model.save_pretrained(tmp / "model")
@@ -288,21 +289,33 @@ def train(
             "Credibility classifier, held-out generated pairs (2-fold cross-fitted)",
         )
         check_out_dir(out)  # again: it may have changed during the training
+        if out.exists():
+            out.rename(old)
+        try:
+            tmp.rename(out)
+        except BaseException:  # the checkpoint there before stays
+            if old.exists() and not out.exists():
+                old.rename(out)
+            raise
     except BaseException:  # nothing half-written is left beside it
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = out.with_name(f"{tmp.name[: -len('.tmp')]}.old")
-    if out.exists():
-        out.rename(old)
-    try:
-        tmp.rename(out)
-    except BaseException:  # the checkpoint there before stays
-        if old.exists() and not out.exists():
-            old.rename(out)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)  # cut short: the next training sweeps it
     return report
+
+
+def _staging(out: Path) -> tuple[Path, Path]:
+    """A new folder beside ``out`` to write the checkpoint into, and the name the checkpoint
+    there now moves to while the new one takes its place: both named for this process, so
+    the folders of a training that was killed (no exception to clean up after) are swept by
+    the next once their process is gone. Made with the umask's mode, as ``out`` itself."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{out.name}.train-"
+    sweep_process_folders(out.parent, prefix, stale_s=0)
+    name = f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = out.parent / f"{name}.tmp"
+    tmp.mkdir()
+    return tmp, out.parent / f"{name}.old"
 
 
 def _log_odds(p: float) -> float:

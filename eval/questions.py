@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ragline.types import squad_flag
+
 ANSWERABLE_TYPES = ("factoid", "table", "procedural", "multi_hop", "numeric")
 
 
@@ -235,6 +237,7 @@ def load_beir(folder: str | Path, split: str = "test") -> tuple[LoadResult, dict
     with (folder / "qrels" / f"{split}.tsv").open(encoding="utf-8") as fh:
         for row in csv.DictReader(fh, delimiter="\t"):
             qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
+    taken: set[str] = set()
     for number, line in enumerate((folder / "queries.jsonl").open(encoding="utf-8"), start=1):
         try:
             raw = json.loads(line)
@@ -244,9 +247,10 @@ def load_beir(folder: str | Path, split: str = "test") -> tuple[LoadResult, dict
         qid = str(raw.get("_id"))
         if qid not in qrels:
             continue
-        if any(q.id == qid for q in result.questions):
+        if qid in taken:
             result.errors.append(f"queries.jsonl:{number}: duplicate id {qid!r}")
             continue
+        taken.add(qid)
         relevant = tuple(d for d, rel in qrels[qid].items() if rel > 0)
         result.questions.append(
             Question(
@@ -271,9 +275,10 @@ def load_squad2(path: str | Path) -> tuple[LoadResult, dict[str, str]]:
             context_id = f"squad-{a}-{p}"
             corpus[context_id] = paragraph["context"]
             for qa in paragraph.get("qas", []):
-                impossible = qa.get("is_impossible", False)
-                if not isinstance(impossible, bool):  # "false" would read as impossible
-                    result.errors.append(f"{qa.get('id')}: is_impossible must be true or false")
+                try:
+                    impossible = squad_flag(qa.get("is_impossible", False))
+                except ValueError as exc:  # "false" would read as impossible
+                    result.errors.append(f"{qa.get('id')}: {exc}")
                     continue
                 if str(qa["id"]) in seen:
                     result.errors.append(f"{qa.get('id')}: duplicate id")

@@ -6,7 +6,8 @@ import errno
 import json
 import os
 import shutil
-import tempfile
+import uuid
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from eval.metrics import (
 )
 from eval.questions import write_trec_run
 from ragline.errors import visible
+from ragline.files import sweep_process_folders
 
 
 def build_report(
@@ -56,6 +58,8 @@ def build_report(
             "failed": len(rows) - len(ok),
         },
         "errors": [*load_errors, *(f"{r['id']}: {r['error']}" for r in rows if "error" in r)],
+        # each reason a request failed with, commonest first (what to fix before a rerun)
+        "failures": dict(Counter(r["error"] for r in rows if "error" in r).most_common()),
         "config": config,
     }
 
@@ -222,7 +226,9 @@ def write_outputs(out: Path, report: dict[str, Any], rows: Sequence[dict]) -> li
     some of them before a failure)."""
     check_out(out)
     out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".eval-", dir=out))
+    sweep_process_folders(out, ".eval-", stale_s=60)  # of runs that were killed writing
+    staging = out / f".eval-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
     try:
         (staging / "report.json").write_text(json.dumps(report, indent=1))
         (staging / "summary.md").write_text("# ragline eval\n\n" + summary_table(report) + "\n")

@@ -129,3 +129,17 @@ class Answer:
     @classmethod
     def insufficient_info(cls, reason: str) -> Answer:
         return cls(text=INSUFFICIENT_INFO, insufficient=True, reason=reason)
+
+
+def squad_flag(value: object) -> bool:
+    """SQuAD 2.0's ``is_impossible`` as written by its files and their exports: a JSON
+    boolean, or 0 / 1 (absent: False, the caller's default).
+
+    Raises:
+        ValueError: anything else (the string "false" would read as impossible).
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"is_impossible must be true or false, got {str(value)[:40]!r}")

@@ -794,14 +794,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print_summary(report, options.out)
     failed = report["counts"]["failed"]
     if failed:  # questions whose requests failed: the figures do not measure them
-        from collections import Counter
-
-        reasons = Counter(e.split(": ", 1)[-1] for e in report["errors"][-failed:])
-        reason, times = reasons.most_common(1)[0]
+        reason, times = next(iter(report["failures"].items()))
         print(
             f"error: the requests of {failed} of {report['counts']['questions']} question(s) "
-            f"failed ({times} with {visible(reason)[:300]}; every one under Errors in "
-            f"{options.out}/summary.md)",
+            f'failed ({times} with {visible(reason)[:300]}; each one under "errors" in '
+            f"{options.out}/report.json)",
             file=sys.stderr,
         )
         if reason.startswith("UNIMPLEMENTED"):
@@ -926,8 +923,13 @@ def cmd_credibility_questions(args: argparse.Namespace) -> int:
         kinds=tuple(args.kinds.split(",")) if args.kinds else QuestionConfig().kinds,
         mode="rewrite" if args.rewrite_templates else "write",
     ).validate()
-    read_file(Path(args.out))  # another file there is refused before the model is read
-    check_writable(Path(args.out))
+    out = Path(args.out)
+    read_file(out)  # another file there is refused before the model is read
+    if out.exists():  # appended to in place (through a link too)
+        if not os.access(out, os.W_OK):
+            raise PermissionError(errno.EACCES, "permission denied", str(out))
+    else:
+        check_writable(out)
     gguf = resolve_gguf(args.model)
     digest = hashlib.sha256()
     with gguf.open("rb") as f:

@@ -125,6 +125,17 @@ def test_jsonl_round_trip_and_bad_rows(tmp_path: Path) -> None:
         path.write_text(row + "\n")
         with pytest.raises(InvalidArgument, match=rf"odd{n}\.jsonl:1: {odd[row]}"):
             read_pairs(path)
+    as_text = tmp_path / "as-text.jsonl"  # labels written as strings, as exports do
+    as_text.write_text(
+        '{"query": "q", "passage": "p", "label": "1"}\n'
+        '{"query": "q", "passage": "r", "label": "0"}\n'
+    )
+    assert [p.label for p in read_pairs(as_text)] == [1, 0]
+    squad = tmp_path / "flags.json"
+    qas = [{"id": "a", "question": "Which gate?", "answers": [], "is_impossible": "false"}]
+    squad.write_text(json.dumps({"data": [{"paragraphs": [{"context": "sluice", "qas": qas}]}]}))
+    with pytest.raises(InvalidArgument, match="is_impossible must be true or false"):
+        read_pairs(squad)
     triples = tmp_path / "triples.tsv"
     triples.write_text("which gate?\tthe sluice gate\tthe kiln\r\n\n")  # blank last line
     assert [(p.passage, p.label) for p in read_pairs(triples)] == [
@@ -398,6 +409,42 @@ def test_a_checkpoint_folder_of_other_files_is_refused_before_training(
     check_out_dir(tmp_path / "empty")
     check_out_dir(_fake_checkpoint(tmp_path / "earlier", {}))
     check_out_dir(tmp_path / "new")
+
+
+def test_a_killed_training_s_folders_are_swept_and_the_checkpoint_keeps_the_umask_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training killed while writing (no exception to clean up after) leaves its folders
+    beside the checkpoint: the next sweeps them once their process is gone, never a live
+    one's or one of another name; the folder it writes into has the umask's mode (the
+    checkpoint is readable by the user a server runs as), and "/", the current folder and a
+    link are refused as checkpoint folders."""
+    import os
+
+    from credibility.model import check_out_dir
+    from credibility.train import _staging
+
+    out = tmp_path / "ck"
+    dead = tmp_path / ".ck.train-9999999-0a1b2c3d.tmp"  # no such process
+    alive = tmp_path / f".ck.train-{os.getpid()}-0a1b2c3d.old"
+    mine = tmp_path / ".ck.tmp"  # a folder of the user's
+    for folder in (dead, alive, mine):
+        folder.mkdir()
+    old_umask = os.umask(0o022)
+    try:
+        tmp, old = _staging(out)
+    finally:
+        os.umask(old_umask)
+    assert not dead.exists() and alive.is_dir() and mine.is_dir()
+    assert tmp.parent == old.parent == tmp_path and tmp.name.startswith(f".ck.train-{os.getpid()}-")
+    assert oct(tmp.stat().st_mode & 0o777) == oct(0o755)
+    for bad, said in ((Path("/"), "cannot be replaced"), (tmp_path, "the current folder")):
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(InvalidArgument, match=said):
+            check_out_dir(bad)
+    (tmp_path / "link").symlink_to(_fake_checkpoint(tmp_path / "real", {}))
+    with pytest.raises(InvalidArgument, match="is a link"):
+        check_out_dir(tmp_path / "link")
 
 
 def test_train_settings_out_of_range_are_named() -> None:

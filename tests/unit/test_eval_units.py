@@ -327,9 +327,11 @@ def test_a_corpus_id_never_names_a_file_outside_the_corpus_folder(tmp_path: Path
         {"id": "a", "question": "Again?", "answers": [{"text": "sluice"}]},
         {"id": "b", "question": "Shut?", "answers": [], "is_impossible": "false"},
     ]
+    qas.append({"id": "c", "question": "Open?", "answers": [], "is_impossible": 1})  # 0/1 too
     squad.write_text(json.dumps({"data": [{"paragraphs": [{"context": "sluice", "qas": qas}]}]}))
     loaded, _ = load_squad2(squad)
-    assert [q.id for q in loaded.questions] == ["a"] and len(loaded.errors) == 2
+    assert [(q.id, q.answerable) for q in loaded.questions] == [("a", True), ("c", False)]
+    assert len(loaded.errors) == 2
 
 
 def test_the_filter_is_measured_on_what_the_servers_answer_scores() -> None:
@@ -475,8 +477,13 @@ def test_a_run_whose_requests_failed_says_the_commonest_reason_and_a_hint(
     from eval.report import build_report
     from services.cli import main
 
-    rows = [
-        {"id": f"q{i}", "type": "factoid", "answerable": True, "error": "UNIMPLEMENTED: nope"}
+    rows = [  # an id may hold ": " too
+        {
+            "id": f"R-intro: q{i}",
+            "type": "factoid",
+            "answerable": True,
+            "error": "UNIMPLEMENTED: nope",
+        }
         for i in range(3)
     ]
 
@@ -489,5 +496,5 @@ def test_a_run_whose_requests_failed_says_the_commonest_reason_and_a_hint(
     argv = ["eval", "--questions", str(questions), "--out", str(tmp_path / "o"), "-q"]
     assert main([*argv, "--target", "127.0.0.1:1"]) == 1
     err = capsys.readouterr().err
-    assert "failed (3 with UNIMPLEMENTED: nope;" in err
+    assert 'failed (3 with UNIMPLEMENTED: nope; each one under "errors" in' in err
     assert "RAGLINE_SERVER_INTERNAL_PORT" in err and "--stages-target" in err

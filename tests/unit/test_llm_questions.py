@@ -181,6 +181,23 @@ def test_a_file_that_is_no_questions_file_is_refused_not_overwritten(
     assert main([*argv, "--out", str(tmp_path / "settings.json")]) == 2
     assert "is not a ragline-questions file" in capsys.readouterr().err
     assert (tmp_path / "settings.json").read_text() == '{"mill": "wheel"}'
+    # a questions file through a link is resumed in place: past --out, to the model
+    header = json.dumps({"format": FORMAT, "version": 1}) + "\n"
+    (tmp_path / "real.jsonl").write_text(header)
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "real.jsonl")
+    assert main([*argv, "--out", str(tmp_path / "link.jsonl")]) == 2
+    assert "no-model.gguf" in capsys.readouterr().err
+    # a last line torn inside a character is ignored like any torn line
+    item = json.dumps(asdict(Item(0, "factoid", "c1", "kept", "Où est le moulin?", "là")))
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes((header + item + "\n" + item).encode()[:-3])
+    assert [it.i for it in read_file(torn)[1]] == [0]
+    # read for training, a bad line is the pairs file's error, not advice about --out
+    (tmp_path / "bad.jsonl").write_text(header + '{"not": "an item"}\n')
+    with pytest.raises(
+        InvalidArgument, match=r"line 2 is not a question item: repair or remove it$"
+    ):
+        read_file(tmp_path / "bad.jsonl", role="pairs")
 
 
 def test_rewrite_mode_asks_for_the_span_from_one_sentence() -> None:
