@@ -79,7 +79,11 @@ def resolve_gguf(name: str) -> Path:
     split = _packaged_split(name)
     if split is not None:
         if not is_assembled(split):
-            raise FailedPrecondition(f"{split.target} is not assembled; {_assemble_command(name)}")
+            raise FailedPrecondition(
+                f"{split.target} is not assembled in {Path.cwd()} (packaged models are looked "
+                f"up under var/models/ of the folder ragline runs in: run it from the project "
+                f"folder); {_assemble_command(name)}"
+            )
         return split.target
     path = Path(name)
     if path.suffix != ".gguf" or not path.is_file():

@@ -16,6 +16,7 @@ warm-up does (:meth:`services.gateway.Gateway.warm_up`).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -244,8 +245,9 @@ def build_filter(settings: Settings, metrics: Metrics | None = None) -> Evidence
     if c.backend == "auto" and not is_checkpoint(c.model_dir):
         logger.warning(
             "no credibility checkpoint at %s: evidence is filtered by the SPLADE score floor "
-            "%g instead (train one with `ragline credibility train`)",
-            c.model_dir,
+            "%g instead (train one with `ragline credibility train`, or run from the folder "
+            "that holds it)",
+            os.path.abspath(c.model_dir),
             c.score_floor,
         )
         return ScoreFloorFilter(c.score_floor)
