@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from eval.harness import EvalOptions, run_eval
+from eval.report import OUTPUTS
 from services.server import RunningServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -92,15 +93,7 @@ async def test_eval_writes_a_complete_report(server: RunningServer, tmp_path: Pa
     assert set(report["by_type"]) == {"factoid", "numeric", "unanswerable"}
     assert report["config"]["models"]["splade"] == "packaged:splade-tiny"
     assert report["config"]["candidates"] == 8  # a --target's count unknown: the default
-    for name in (
-        "report.json",
-        "summary.md",
-        "rows.jsonl",
-        "run.trec",
-        "latency_cdf.png",
-        "credibility_pr.png",
-        "accuracy_by_type.png",
-    ):
+    for name in OUTPUTS:  # every file an eval writes
         assert (out / name).stat().st_size > 0
     assert len((out / "rows.jsonl").read_text().splitlines()) == 3
 
