@@ -164,6 +164,21 @@ class QdrantView:
         return None
 
 
+def _one_layout(folder: Path, collection: str, mode: QdrantMode) -> None:
+    """Refuse a folder the other embedded mode wrote this collection into: each mode keeps
+    its own files, and the other's index would be an empty new one beside it."""
+    edge = (folder / collection / EdgeTransport.META).exists()
+    client = (folder / "collection" / collection).exists()
+    other: QdrantMode | None = "client" if mode == "edge" and client else None
+    if mode == "client" and edge:
+        other = "edge"
+    if other is not None:
+        raise FailedPrecondition(
+            f"the Qdrant collection {collection!r} in {folder} was written with "
+            f"RAGLINE_RETRIEVER_QDRANT_MODE={other}: set it again, or use another index folder"
+        )
+
+
 class QdrantBackend(HeldReads):
     """Encoded chunks in a Qdrant collection (module docstring). Implements ``IndexBackend``.
 
@@ -207,8 +222,10 @@ class QdrantBackend(HeldReads):
             )
         elif mode == "edge":
             assert path is not None
+            _one_layout(Path(path), collection, mode)
             self.transport = EdgeTransport(Path(path) / collection)
         else:
+            _one_layout(Path(path or "."), collection, mode)
             self.transport = ClientTransport(collection, path=Path(path or "."))
         self._lock = threading.Lock()
         self._meta: dict[str, Any] = {}
@@ -266,20 +283,26 @@ class QdrantBackend(HeldReads):
 
     def held(self, doc_id: str) -> Held | None:
         """The document's content hash, collection and path from one scroll of its points; the
-        hash is ``""`` (matching no file) when its points carry more than one: a replacement
-        was cut off between writing the new points and deleting the old ones, and the next
-        ingest of the file must replace it, not skip it."""
+        hash is ``""`` (matching no file) when its points carry more than one (a replacement
+        was cut off between writing the new points and deleting the old ones) or are fewer
+        than they say (a write cut off between its batches): the next ingest of the file must
+        replace it, not skip it."""
         if not self.transport.exists():
             return None
         found = self.transport.scroll(
-            "doc_id", doc_id, payload=["content_hash", "collection", "path"]
+            "doc_id", doc_id, payload=["content_hash", "collection", "path", "doc_chunks"]
         )
         if not found:
             return None
         hashes = {str(p.get("content_hash", "")) for _, p in found}
+        # Each point says how many its document has: fewer found is a write cut off between
+        # its batches (killed), which the next ingest must redo, not take as unchanged.
+        # (Points written before the count was kept carry none: taken as whole.)
+        counts = {p.get("doc_chunks") for _, p in found}
+        whole = counts == {None} or counts == {len(found)}
         first = found[0][1]
         return Held(
-            hashes.pop() if len(hashes) == 1 else "",
+            hashes.pop() if len(hashes) == 1 and whole else "",
             str(first.get("collection", "")),
             str(first.get("path", "")),
         )
@@ -348,7 +371,7 @@ class QdrantBackend(HeldReads):
                 start, end = rows.indptr[n], rows.indptr[n + 1]
                 sparse = (rows.indices[start:end].tolist(), rows.data[start:end].tolist())
                 dense = vectors[n].tolist() if vectors is not None else None
-                payload = asdict(chunk) | {"content_hash": content_hash}
+                payload = asdict(chunk) | {"content_hash": content_hash, "doc_chunks": len(chunks)}
                 points.append((point_id(chunk.chunk_id), sparse, dense, payload))
             for start in range(0, len(points), UPSERT_BATCH):
                 self.transport.upsert(points[start : start + UPSERT_BATCH])

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from ragline.errors import DataLoss, FailedPrecondition
 from retriever.backend import Filters
 
 Sparse = tuple[list[int], list[float]]
@@ -74,6 +75,14 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+def _open_elsewhere(path: Path) -> str:
+    return (
+        f"the embedded Qdrant index at {path} is open in another process (a running ragline "
+        "serve?): one process at a time may open it. Send files to that server with `ragline "
+        "upload`, or stop it first"
+    )
+
+
 class ClientTransport:
     """``qdrant-client``: a server (``url``) or the client's local mode (``path``)."""
 
@@ -95,7 +104,12 @@ class ClientTransport:
         else:
             assert path is not None
             path.mkdir(parents=True, exist_ok=True)
-            self.client = QdrantClient(path=str(path))
+            try:
+                self.client = QdrantClient(path=str(path))
+            except RuntimeError as exc:  # its folder lock: another process holds it open
+                if "already accessed" not in str(exc):
+                    raise
+                raise FailedPrecondition(_open_elsewhere(path)) from None
 
     def exists(self) -> bool:
         return bool(self.client.collection_exists(self.collection))
@@ -280,7 +294,21 @@ class EdgeTransport:
         self._shard: Any = None
         self._lock = threading.Lock()
         if (path / self.META).exists():
-            self._shard = qdrant_edge.EdgeShard.load(str(path / "shard"))
+            self._shard = self._load()
+
+    def _load(self) -> Any:
+        """The shard, or a one-line error: held open by another process (the engine locks its
+        write-ahead log), or not readable (a folder deleted or damaged)."""
+        try:
+            return self.q.EdgeShard.load(str(self.path / "shard"))
+        except Exception as exc:  # the engine raises plain Exceptions with its message
+            said = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else repr(exc)
+            if "WouldBlock" in said:
+                raise FailedPrecondition(_open_elsewhere(self.path)) from None
+            raise DataLoss(
+                f"the embedded Qdrant index at {self.path} cannot be opened ({said}): restore "
+                "it from a copy, or remove the folder and ingest again"
+            ) from None
 
     def exists(self) -> bool:
         return self._shard is not None
@@ -302,8 +330,14 @@ class EdgeTransport:
             vectors=vectors, sparse_vectors={"sparse": q.EdgeSparseVectorParams()}
         )
         self.path.mkdir(parents=True, exist_ok=True)
-        # A shard without its metadata file is a creation that died half-way: nothing in it
-        # was ever served, so it is started again.
+        # A shard without its metadata file is a creation that died half-way (nothing in it
+        # was ever served: started again), or one whose file was lost (a partial copy): its
+        # points are kept and the loss said, never wiped by the next write.
+        if (self.path / "shard").exists() and self._points_left() > 0:
+            raise DataLoss(
+                f"{self.path / 'shard'} holds points but {self.path / self.META} is missing "
+                "(a partial copy?): restore the file, or remove the folder to start afresh"
+            )
         shutil.rmtree(self.path / "shard", ignore_errors=True)
         self._shard = q.EdgeShard.create(str(self.path / "shard"), config)
         for key in PAYLOAD_INDEXES:
@@ -312,8 +346,27 @@ class EdgeTransport:
             )
         self._write_meta(metadata | {"has_dense": dim is not None})
 
+    def _points_left(self) -> int:
+        """How many points a shard without its metadata file holds (0: none, or it does not
+        load: a creation that died half-way)."""
+        try:
+            shard = self.q.EdgeShard.load(str(self.path / "shard"))
+        except Exception:  # the engine raises plain Exceptions
+            return 0
+        try:
+            return int(shard.count(self.q.CountRequest(exact=True)))
+        finally:
+            shard.close()
+
     def metadata(self) -> dict[str, Any]:
-        return dict(json.loads((self.path / self.META).read_text()))
+        path = self.path / self.META
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(meta, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, RecursionError) as exc:
+            raise DataLoss(f"{path} is not a ragline collection's metadata ({exc})") from None
+        return meta
 
     def update_metadata(self, changes: dict[str, Any]) -> None:
         self._shard.flush()  # the points first: the generation never runs ahead of them

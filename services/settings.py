@@ -520,6 +520,11 @@ class RetrieverSettings(BaseSettings):
             raise ValueError(
                 "RAGLINE_RETRIEVER_MODE=hybrid needs a positive SPARSE_WEIGHT or DENSE_WEIGHT"
             )
+        if self.query_encoder == "idf" and self.backend == "qdrant":  # refused at start, not
+            raise ValueError(  # on every request
+                "RAGLINE_RETRIEVER_QUERY_ENCODER=idf needs document frequencies, which the "
+                "qdrant backend does not keep: use model, or the local backend"
+            )
         return self
 
 

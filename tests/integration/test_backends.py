@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -262,6 +262,90 @@ def test_a_qdrant_writer_reads_the_models_again_before_it_adds(
     assert backend.view.has_dense and not backend.dense_missing
     assert 3 in backend.view.search_dense(question, 1, Filters())[0][0].pages
     close(backend)
+
+
+@pytest.mark.parametrize("kind", ["edge", "client"])
+def test_a_qdrant_write_cut_off_between_batches_is_redone_by_the_next_ingest(
+    kind: str,
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    make_pdf: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process killed between a document's write batches leaves some of its points, all of
+    one content hash: the next ingest of the file writes it again (it was taken as unchanged,
+    its other chunks lost for good)."""
+    import retriever.qdrant_backend as qdrant_backend
+
+    pages = [f"Part {n}. " + " ".join(MANUAL_PAGES * 3) for n in range(6)]
+    pdf = make_pdf("manual.pdf", pages)
+    whole = open_backend(kind, tmp_path / "whole", encoder, None)
+    run_batch([pdf], Indexer(whole, encoder), progress=False)
+    chunks = len(whole.documents()["manual"][1])
+    close(whole)
+    assert chunks >= 3
+
+    backend = cast(QdrantBackend, open_backend(kind, tmp_path, encoder, None))
+    indexer = Indexer(backend, encoder)
+    indexer.load()
+    monkeypatch.setattr(qdrant_backend, "UPSERT_BATCH", 1)
+    real = backend.transport.upsert
+    sent: list[Any] = []
+
+    def killed(points: list[Any]) -> None:
+        if sent:
+            raise SystemExit("killed between batches")  # no cleanup runs after a kill
+        sent.append(points)
+        real(points)
+
+    monkeypatch.setattr(backend.transport, "upsert", killed)
+    with pytest.raises(SystemExit):
+        run_batch([pdf], indexer, progress=False)
+    monkeypatch.setattr(backend.transport, "upsert", real)
+    assert len(backend.documents()["manual"][1]) == 1  # one batch landed
+    report = run_batch([pdf], indexer, progress=False)
+    assert [r.status for r in report.results] == ["replaced"]
+    assert len(backend.documents()["manual"][1]) == chunks
+    assert [r.status for r in run_batch([pdf], indexer, progress=False).results] == ["unchanged"]
+    close(backend)
+
+
+def test_an_embedded_qdrant_folder_in_use_damaged_or_of_the_other_mode_is_one_error(
+    tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]
+) -> None:
+    """Open in another process (its write-ahead log locked), a shard whose metadata file was
+    lost (refused, not wiped by the next write), metadata that is not JSON, and a folder the
+    other embedded mode wrote: each a one-line error naming the folder, never a trace."""
+    from ragline.errors import DataLoss
+
+    backend = open_backend("edge", tmp_path, encoder, None)
+    run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], Indexer(backend, encoder), progress=False)
+    with pytest.raises(FailedPrecondition, match="is open in another process"):
+        open_backend("edge", tmp_path, encoder, None)
+    with pytest.raises(FailedPrecondition, match="RAGLINE_RETRIEVER_QDRANT_MODE=edge"):
+        open_backend("client", tmp_path, encoder, None)
+    close(backend)
+
+    meta = tmp_path / "qdrant" / "manuals" / "ragline-meta.json"
+    kept = meta.read_bytes()
+    meta.unlink()
+    lost = open_backend("edge", tmp_path, encoder, None)
+    lost.load()
+    report = run_batch([make_pdf("parts.pdf", EXTRA_PAGES)], Indexer(lost, encoder), progress=False)
+    assert [r.status for r in report.results] == ["failed"]
+    assert (
+        "holds points but" in report.results[0].reason and "is missing" in report.results[0].reason
+    )
+    close(lost)
+    meta.write_text("garbage")
+    damaged = open_backend("edge", tmp_path, encoder, None)
+    with pytest.raises(DataLoss, match="ragline-meta.json is not a ragline collection's metadata"):
+        damaged.load()
+    close(damaged)
+    meta.write_bytes(kept)
+    again = open_backend("edge", tmp_path, encoder, None)
+    assert set(again.documents()) == {"manual"}  # nothing was wiped
+    close(again)
 
 
 @pytest.mark.parametrize("kind", ["edge", "client"])

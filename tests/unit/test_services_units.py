@@ -37,6 +37,13 @@ def test_settings_reject_out_of_range_values(monkeypatch: pytest.MonkeyPatch) ->
         RetrieverSettings()
 
 
+def test_idf_queries_on_the_qdrant_backend_are_refused_at_start() -> None:
+    """The server started and then failed every Retrieve (dense ones too): refused at start."""
+    with pytest.raises(ValidationError, match="needs document frequencies"):
+        RetrieverSettings(query_encoder="idf", backend="qdrant")
+    assert RetrieverSettings(query_encoder="idf").backend == "local"
+
+
 def test_the_dense_token_limit_reaches_the_dense_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAGLINE_RETRIEVER_DENSE_MAX_SEQ_LENGTH", "128")
     sparse, dense = build_encoders(Settings())
