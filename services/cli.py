@@ -1449,6 +1449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # messages quote paths and library errors: escaped, as a server's details are
         print(f"error: {visible(exc.message) or exc.code}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `ragline stats | head`: the reader left, as with any tool
+        with contextlib.suppress(OSError):  # nothing more reaches it, at exit either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a tool the pipe ended
     except OSError as exc:  # a file or folder named on the command line, not a bug: no trace
         from ingest.pdf import utf8_name
 

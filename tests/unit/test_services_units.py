@@ -798,3 +798,25 @@ def test_an_ingest_request_gives_ocr_three_quarters_of_what_is_left_of_its_deadl
         assert ocr_budget(LocalIndex._request_limits(index)) == 75  # type: ignore[arg-type]
     finally:
         current_deadline.reset(token)
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ragline stats | head`: the pipe's reader left; no "error: Broken pipe", the status a
+    shell gives a tool the pipe ended (128 + SIGPIPE)."""
+    import os
+
+    import services.cli as cli
+
+    def printing(args: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "cmd_stats", printing)
+    saved = os.dup(1)
+    try:
+        assert cli.main(["stats", "--target", "127.0.0.1:1"]) == 141
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert capsys.readouterr().err == ""
