@@ -163,8 +163,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     try:  # what landed is reported whatever becomes of the steps after it
         if stop.is_set():
             raise KeyboardInterrupt
-        optimize = getattr(store, "optimize", None)  # the embedded Qdrant engine's index build
-        if optimize is not None and (report.count("ingested") or report.count("replaced")):
+        # The embedded Qdrant engine's index build: every run (a few ms when nothing is
+        # left to build), so one a Ctrl-C cut short is caught up with by the next run even
+        # when every file is unchanged
+        optimize = getattr(store, "optimize", None)
+        if optimize is not None:
             optimize()
         graph = build_graph_path(settings)
         if graph is not None:  # in step with the index: only new, changed or deleted documents
