@@ -345,13 +345,22 @@ def _open_ports(
 
 async def _reload_loop(index: LocalIndex, interval_s: float) -> None:
     """Pick up generations another process (``ragline ingest``) commits to the index."""
+    failing = ""  # the last failure said: the same one again every interval is not logged
     while True:
         await asyncio.sleep(interval_s)
         try:
             if await index.refresh():
                 logger.info("loaded index generation %d from disk", index.store.view.generation)
-        except Exception:  # a bad snapshot on disk must not stop the server serving the last
-            logger.exception("could not load the index written by another process")
+            failing = ""
+        except Exception as exc:  # a bad snapshot on disk must not stop the server serving
+            said = f"{type(exc).__name__}: {exc}"
+            if said != failing:
+                logger.exception(
+                    "could not reload the index from disk; still serving generation %d "
+                    "(said again only when the failure changes)",
+                    index.store.view.generation,
+                )
+            failing = said
 
 
 async def start_server(

@@ -820,3 +820,38 @@ def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(
         os.dup2(saved, 1)
         os.close(saved)
     assert capsys.readouterr().err == ""
+
+
+async def test_a_reload_that_keeps_failing_is_logged_once_per_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An index folder deleted under a running server failed every reload, each logged with
+    its trace every 2 s: now once, again only when the failure changes or after a success."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from services.server import _reload_loop
+
+    outcomes: list[Exception | bool] = [OSError("gone"), OSError("gone"), OSError("gone")]
+    outcomes += [ValueError("torn"), True]
+    outcomes += [OSError("gone"), OSError("gone")]
+    done = asyncio.Event()
+
+    async def refresh() -> bool:
+        if not outcomes:
+            done.set()
+            return False
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    index = SimpleNamespace(
+        refresh=refresh, store=SimpleNamespace(view=SimpleNamespace(generation=7))
+    )
+    loop = asyncio.create_task(_reload_loop(index, 0.001))  # type: ignore[arg-type]
+    await asyncio.wait_for(done.wait(), 10)
+    loop.cancel()
+    said = [r for r in caplog.records if "could not reload the index" in r.getMessage()]
+    assert [str(r.exc_info[1]) for r in said if r.exc_info] == ["gone", "torn", "gone"]
+    assert "still serving generation 7" in said[0].getMessage()
