@@ -6,6 +6,7 @@ the initialisation of the classification head all come from it.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from sklearn.metrics import roc_auc_score
 
 from credibility import calibration
@@ -33,6 +35,7 @@ from credibility.model import (
     encode_pairs,
     feature_matrix,
     focus_passage,
+    is_checkpoint,
 )
 from credibility.pairs import Pair, write_pairs
 from ragline.errors import InvalidArgument
@@ -311,11 +314,24 @@ def _staging(out: Path) -> tuple[Path, Path]:
     the next once their process is gone. Made with the umask's mode, as ``out`` itself."""
     out.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{out.name}.train-"
-    sweep_process_folders(out.parent, prefix, stale_s=0)
+    if not out.exists():  # killed between moving the checkpoint aside and the new one in
+        aside = [
+            p
+            for p in out.parent.glob(f"{glob.escape(prefix)}*.old")
+            if is_checkpoint(p) and not _alive(p.name.removeprefix(prefix).split("-", 1)[0])
+        ]
+        if aside:
+            max(aside, key=lambda p: p.stat().st_mtime).rename(out)
+    # 60 s: a pid can look gone from another PID namespace sharing the folder
+    sweep_process_folders(out.parent, prefix, stale_s=60)
     name = f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = out.parent / f"{name}.tmp"
     tmp.mkdir()
     return tmp, out.parent / f"{name}.old"
+
+
+def _alive(pid: str) -> bool:
+    return pid.isdigit() and pid.isascii() and psutil.pid_exists(int(pid))
 
 
 def _log_odds(p: float) -> float:

@@ -12,16 +12,19 @@ mapping is written once.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ragline.errors import DataLoss, FailedPrecondition
 from retriever.backend import Filters
+
+_T = TypeVar("_T")
 
 Sparse = tuple[list[int], list[float]]
 PointRow = tuple[str, Sparse, list[float] | None, dict[str, Any]]
@@ -75,11 +78,31 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+def _engine_errors(method: Callable[..., _T]) -> Callable[..., _T]:
+    """The embedded engine's own errors (plain ``Exception``s: a damaged segment, say) as
+    ``DataLoss`` naming the index folder: one line to the caller, not a trace."""
+
+    @functools.wraps(method)
+    def call(self: EdgeTransport, *args: Any, **kwargs: Any) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if type(exc) is not Exception:  # ours, or Python's: as they were
+                raise
+            said = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "no detail"
+            raise DataLoss(
+                f"the embedded Qdrant index at {self.path} failed ({said}): restore it from a "
+                "copy, or remove the folder and ingest again"
+            ) from None
+
+    return call
+
+
 def _open_elsewhere(path: Path) -> str:
     return (
-        f"the embedded Qdrant index at {path} is open in another process (a running ragline "
-        "serve?): one process at a time may open it. Send files to that server with `ragline "
-        "upload`, or stop it first"
+        f"the embedded Qdrant index at {path} is open already (another process: a running "
+        "ragline serve?): one process at a time may open it. Send files to that server with "
+        "`ragline upload`, or stop it first"
     )
 
 
@@ -347,12 +370,10 @@ class EdgeTransport:
         self._write_meta(metadata | {"has_dense": dim is not None})
 
     def _points_left(self) -> int:
-        """How many points a shard without its metadata file holds (0: none, or it does not
-        load: a creation that died half-way)."""
-        try:
-            shard = self.q.EdgeShard.load(str(self.path / "shard"))
-        except Exception:  # the engine raises plain Exceptions
-            return 0
+        """How many points a shard without its metadata file holds: 0 only when it loads
+        and is empty (a creation that died half-way). One that does not load is refused, not
+        taken as empty: it may be damaged data, or held open elsewhere."""
+        shard = self._load()
         try:
             return int(shard.count(self.q.CountRequest(exact=True)))
         finally:
@@ -385,6 +406,7 @@ class EdgeTransport:
         self._shard.update(q.UpdateOperation.create_dense_vector("dense", dim, q.Distance.Cosine))
         self.update_metadata({"has_dense": True})
 
+    @_engine_errors
     def upsert(self, points: Sequence[PointRow]) -> None:
         q = self.q
         rows = []
@@ -395,9 +417,11 @@ class EdgeTransport:
             rows.append(q.Point(point_id, vector, payload))
         self._shard.update(q.UpdateOperation.upsert_points(rows))
 
+    @_engine_errors
     def delete_ids(self, ids: Sequence[str]) -> None:
         self._shard.update(self.q.UpdateOperation.delete_points(list(ids)))
 
+    @_engine_errors
     def set_dense(self, vectors: Sequence[tuple[str, list[float]]]) -> None:
         q = self.q
         self._shard.update(
@@ -428,6 +452,7 @@ class EdgeTransport:
             return q.Query.Nearest(q.SparseVector(indices=vector[0], values=vector[1]), using=using)
         return q.Query.Nearest(vector, using=using)
 
+    @_engine_errors
     def query(
         self, using: str, vector: Sparse | list[float], k: int, filters: Filters, hnsw_ef: int
     ) -> list[tuple[dict[str, Any], float]]:
@@ -443,6 +468,7 @@ class EdgeTransport:
         )
         return [(dict(p.payload or {}), float(p.score)) for p in found]
 
+    @_engine_errors
     def hybrid_rrf(
         self, sparse: Sparse, dense: list[float], depth: int, k: int, filters: Filters
     ) -> list[tuple[dict[str, Any], float]]:
@@ -461,11 +487,13 @@ class EdgeTransport:
         )
         return [(dict(p.payload or {}), float(p.score)) for p in found]
 
+    @_engine_errors
     def count(self, key: str = "", value: str = "") -> int:
         return int(
             self._shard.count(self.q.CountRequest(exact=True, filter=self._match(key, value)))
         )
 
+    @_engine_errors
     def scroll(
         self, key: str = "", value: str = "", payload: bool | list[str] = True
     ) -> list[tuple[str, dict[str, Any]]]:
@@ -489,6 +517,7 @@ class EdgeTransport:
             if offset is None:
                 return out
 
+    @_engine_errors
     def retrieve(
         self, ids: Sequence[str], payload: bool | list[str], sparse: bool
     ) -> list[tuple[dict[str, Any], Sparse | None]]:
@@ -504,6 +533,7 @@ class EdgeTransport:
             out.append((dict(r.payload or {}), row))
         return out
 
+    @_engine_errors
     def optimize(self) -> None:
         self._shard.optimize()
         self._shard.flush()

@@ -52,8 +52,11 @@ def check_target(target: str) -> str:
     """A client target as given; a ``host:port`` one (``dns:`` or not) must name a port in
     1-65535 (gRPC core takes 99999 as 34463, modulo 65536: a token sent to another
     service)."""
-    if any(ch.isspace() or not ch.isprintable() for ch in target):  # "" stays: "none set"
-        raise ValueError(f"{target!r} is not a target (host:port, without spaces)")
+    # "" stays ("none set"); a socket's path may hold a space, nothing may hold a control
+    # character (a newline, a tab: not printable)
+    socket = target.startswith(("unix:", "unix-abstract:"))
+    if not target.isprintable() or (" " in target and not socket):
+        raise ValueError(f"{target!r} is not a target (host:port without spaces, or unix:PATH)")
     found = _HOST_PORT.fullmatch(target)
     if found and not 1 <= int(found.group(1)) <= 65535:
         raise ValueError(f"port {found.group(1)} of {target!r} is not in 1-65535")

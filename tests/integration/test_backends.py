@@ -320,7 +320,7 @@ def test_an_embedded_qdrant_folder_in_use_damaged_or_of_the_other_mode_is_one_er
 
     backend = open_backend("edge", tmp_path, encoder, None)
     run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], Indexer(backend, encoder), progress=False)
-    with pytest.raises(FailedPrecondition, match="is open in another process"):
+    with pytest.raises(FailedPrecondition, match="is open already"):
         open_backend("edge", tmp_path, encoder, None)
     with pytest.raises(FailedPrecondition, match="RAGLINE_RETRIEVER_QDRANT_MODE=edge"):
         open_backend("client", tmp_path, encoder, None)
@@ -346,6 +346,31 @@ def test_an_embedded_qdrant_folder_in_use_damaged_or_of_the_other_mode_is_one_er
     again = open_backend("edge", tmp_path, encoder, None)
     assert set(again.documents()) == {"manual"}  # nothing was wiped
     close(again)
+
+    # a damaged segment: its first read is one error naming the folder, not the engine's
+    pages = list(
+        (tmp_path / "qdrant" / "manuals" / "shard").glob("segments/*/payload_storage/page_0.dat")
+    )
+    assert pages
+    for page in pages:
+        with page.open("r+b") as f:
+            f.truncate(100)
+    damaged = open_backend("edge", tmp_path, encoder, None)
+    with pytest.raises(DataLoss, match="the embedded Qdrant index at .* failed"):
+        damaged.documents()
+    close(damaged)
+    # a shard that does not load and has no metadata is refused, not started afresh
+    meta.unlink()
+    for segment in (tmp_path / "qdrant" / "manuals" / "shard").glob("segments/*/segment.json"):
+        segment.unlink()
+    broken = open_backend("edge", tmp_path, encoder, None)
+    report = run_batch(
+        [make_pdf("parts.pdf", EXTRA_PAGES)], Indexer(broken, encoder), progress=False
+    )
+    assert [r.status for r in report.results] == ["failed"]
+    assert "cannot be opened" in report.results[0].reason
+    assert list((tmp_path / "qdrant" / "manuals" / "shard").glob("segments/*"))  # kept
+    close(broken)
 
 
 @pytest.mark.parametrize("kind", ["edge", "client"])

@@ -430,12 +430,16 @@ def test_a_killed_training_s_folders_are_swept_and_the_checkpoint_keeps_the_umas
     mine = tmp_path / ".ck.tmp"  # a folder of the user's
     for folder in (dead, alive, mine):
         folder.mkdir()
+    os.utime(dead, (0, 0))  # past the minute a pid may look gone from another namespace
+    # killed between moving the checkpoint aside and the new one in: it is put back
+    aside = _fake_checkpoint(tmp_path / ".ck.train-9999998-0a1b2c3d.old", {"seed": 3})
     old_umask = os.umask(0o022)
     try:
         tmp, old = _staging(out)
     finally:
         os.umask(old_umask)
     assert not dead.exists() and alive.is_dir() and mine.is_dir()
+    assert not aside.exists() and json.loads((out / "report.json").read_text())["seed"] == 3
     assert tmp.parent == old.parent == tmp_path and tmp.name.startswith(f".ck.train-{os.getpid()}-")
     assert oct(tmp.stat().st_mode & 0o777) == oct(0o755)
     for bad, said in ((Path("/"), "cannot be replaced"), (tmp_path, "the current folder")):

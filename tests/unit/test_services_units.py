@@ -705,6 +705,8 @@ def test_a_target_port_out_of_range_is_refused() -> None:
         assert refused.value.code == 2
     with pytest.raises(ValueError, match="without spaces"):
         check_target("127.0.0.1:1\t")
+    for socket in ("unix:/tmp/a b.sock", "unix-abstract:a b", "[fe80::1%eth0]:50051"):
+        assert check_target(socket) == socket  # gRPC takes these
     for good in ("127.0.0.1:50051", "[::1]:1", "dns:///ragline.internal:443", "unix:/tmp/s"):
         assert check_target(good) == good
     with pytest.raises(ValueError, match="not in 1-65535"):
