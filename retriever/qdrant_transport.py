@@ -79,8 +79,10 @@ class Transport(Protocol):
 
 
 def _engine_errors(method: Callable[..., _T]) -> Callable[..., _T]:
-    """The embedded engine's own errors (plain ``Exception``s: a damaged segment, say) as
-    ``DataLoss`` naming the index folder: one line to the caller, not a trace."""
+    """The embedded engine's own errors (plain ``Exception``s) as one line naming the index
+    folder, not a trace: the operating system's (a full disk, a file-size limit: the engine
+    ends its message with "(os error N)") as ``FailedPrecondition`` (the index is fine once
+    the cause is gone), any other (a damaged segment) as ``DataLoss``."""
 
     @functools.wraps(method)
     def call(self: EdgeTransport, *args: Any, **kwargs: Any) -> _T:
@@ -89,7 +91,14 @@ def _engine_errors(method: Callable[..., _T]) -> Callable[..., _T]:
         except Exception as exc:
             if type(exc) is not Exception:  # ours, or Python's: as they were
                 raise
-            said = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "no detail"
+            said = " ".join(str(exc).split()) or "no detail"
+            if len(said) > 300:  # the cause comes last: keep the end
+                said = f"{said[:100]} … {said[-200:]}"
+            if "os error" in said:
+                raise FailedPrecondition(
+                    f"the embedded Qdrant index at {self.path} could not be written or read "
+                    f"({said}): free the disk or lift the limit, then run it again"
+                ) from None
             raise DataLoss(
                 f"the embedded Qdrant index at {self.path} failed ({said}): restore it from a "
                 "copy, or remove the folder and ingest again"
@@ -353,9 +362,10 @@ class EdgeTransport:
             vectors=vectors, sparse_vectors={"sparse": q.EdgeSparseVectorParams()}
         )
         self.path.mkdir(parents=True, exist_ok=True)
-        # A shard without its metadata file is a creation that died half-way (nothing in it
-        # was ever served: started again), or one whose file was lost (a partial copy): its
-        # points are kept and the loss said, never wiped by the next write.
+        # A shard without its metadata file is a creation that died half-way (empty, nothing
+        # in it ever served: started again), or one whose file was lost (a partial copy): its
+        # points are kept and the loss said, never wiped by the next write; one that does
+        # not load is refused too (:meth:`_points_left`).
         if (self.path / "shard").exists() and self._points_left() > 0:
             raise DataLoss(
                 f"{self.path / 'shard'} holds points but {self.path / self.META} is missing "
@@ -370,9 +380,12 @@ class EdgeTransport:
         self._write_meta(metadata | {"has_dense": dim is not None})
 
     def _points_left(self) -> int:
-        """How many points a shard without its metadata file holds: 0 only when it loads
-        and is empty (a creation that died half-way). One that does not load is refused, not
-        taken as empty: it may be damaged data, or held open elsewhere."""
+        """How many points a shard without its metadata file holds: 0 when its folder is
+        empty or it loads empty (a creation that died half-way: started again). One that does
+        not load is refused, not taken as empty: it may be damaged data, or held open
+        elsewhere."""
+        if not any((self.path / "shard").iterdir()):
+            return 0
         shard = self._load()
         try:
             return int(shard.count(self.q.CountRequest(exact=True)))
@@ -389,6 +402,7 @@ class EdgeTransport:
             raise DataLoss(f"{path} is not a ragline collection's metadata ({exc})") from None
         return meta
 
+    @_engine_errors
     def update_metadata(self, changes: dict[str, Any]) -> None:
         self._shard.flush()  # the points first: the generation never runs ahead of them
         self._write_meta(self.metadata() | changes)
@@ -401,6 +415,7 @@ class EdgeTransport:
     def has_dense(self) -> bool:
         return bool(self.metadata().get("has_dense"))
 
+    @_engine_errors
     def add_dense(self, dim: int) -> None:
         q = self.q
         self._shard.update(q.UpdateOperation.create_dense_vector("dense", dim, q.Distance.Cosine))
@@ -538,6 +553,7 @@ class EdgeTransport:
         self._shard.optimize()
         self._shard.flush()
 
+    @_engine_errors
     def close(self) -> None:
         if self._shard is not None:
             self._shard.flush()

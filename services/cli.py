@@ -160,6 +160,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     finally:
         if interrupt is not None:
             signal.signal(signal.SIGINT, interrupt)
+    failed_after = ""  # a step after the batch that failed: said, then the report
     try:  # what landed is reported whatever becomes of the steps after it
         if stop.is_set():
             raise KeyboardInterrupt
@@ -181,7 +182,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             "the next ragline ingest does it",
             file=sys.stderr,
         )
+    except RaglineError as exc:  # the index build or the graph: the documents landed
+        failed_after = exc.message
     written = _print_report(report, args)
+    if failed_after:
+        print(f"error: after the documents landed: {visible(failed_after)}", file=sys.stderr)
     print(
         f"index {settings.retriever.index_dir}: generation {store.view.generation}, "
         f"{store.view.count()} chunks"
@@ -189,13 +194,21 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if stop.is_set():
         print("interrupted", file=sys.stderr)
         return 130
-    return 2 if not written else 1 if report.count("failed") else 0
+    return 2 if not written or failed_after else 1 if report.count("failed") else 0
 
 
 def _print_report(report: IngestReport, args: argparse.Namespace) -> bool:
-    """An ingest report as `ragline ingest` and `ragline upload` print it: warnings, failed
-    files and pages left out (stderr), each file with -v, the summary; the JSON with
-    --report (False: it could not be written, and the error is printed)."""
+    """An ingest report as `ragline ingest` and `ragline upload` print it: the JSON with
+    --report first (False: it could not be written, and the error is printed; a terminal
+    or pipe that goes away while the rest is printed cannot lose it), then warnings, failed
+    files and pages left out (stderr), each file with -v, the summary."""
+    written = True
+    if args.report:
+        try:
+            report.write_json(Path(args.report))
+        except OSError as exc:  # what landed stays landed; the run says the report is missing
+            print(f"error: cannot write the report {args.report}: {_why(exc)}", file=sys.stderr)
+            written = False
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for result in report.results:
@@ -218,13 +231,7 @@ def _print_report(report: IngestReport, args: argparse.Namespace) -> bool:
             for text, n in result.running_lines:
                 print(f"running line removed: {result.source} ({n} pages): {text}")
     print(report.summary())
-    if args.report:
-        try:
-            report.write_json(Path(args.report))
-        except OSError as exc:  # what landed stays landed; the run says the report is missing
-            print(f"error: cannot write the report {args.report}: {_why(exc)}", file=sys.stderr)
-            return False
-    return True
+    return written
 
 
 def _why(exc: OSError) -> str:
@@ -1435,7 +1442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {unreadable} is not valid UTF-8 text", file=sys.stderr)
         return 2
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, not at exit: a pipe whose reader left is said below
+        return code
     except ValidationError as exc:
         why = "\n".join(f"  {line}" for line in explain_invalid(exc))
         print(

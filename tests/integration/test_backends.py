@@ -373,6 +373,58 @@ def test_an_embedded_qdrant_folder_in_use_damaged_or_of_the_other_mode_is_one_er
     close(broken)
 
 
+def test_the_embedded_engine_s_errors_are_one_line_and_an_empty_shard_folder_starts_afresh(
+    tmp_path: Path,
+    encoder: SpladeEncoder,
+    make_pdf: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A shard folder a creation left empty is started again; the engine's operating-system
+    errors keep their cause (its end) and are no "restore it" data loss; an index build that
+    fails after the documents landed is said after the report, which is printed and written."""
+    import json
+
+    from ragline.errors import DataLoss
+    from retriever.qdrant_transport import EdgeTransport, _engine_errors
+    from services import cli
+
+    (tmp_path / "qdrant" / "manuals" / "shard").mkdir(parents=True)
+    backend = open_backend("edge", tmp_path, encoder, None)
+    report = run_batch([make_pdf("manual.pdf", MANUAL_PAGES)], Indexer(backend, encoder))
+    assert [r.status for r in report.results] == ["ingested"]
+    close(backend)
+
+    class Engine:
+        path = tmp_path
+
+        @_engine_errors
+        def flush(self, said: str) -> None:
+            raise Exception(said)
+
+    long_os = "Service runtime error: " + "x" * 400 + " File too large (os error 27)"
+    with pytest.raises(FailedPrecondition, match=r"File too large \(os error 27\)\): free"):
+        Engine().flush(long_os)
+    with pytest.raises(DataLoss, match="restore it from a copy"):
+        Engine().flush("Gridstore IO error: out of bounds")
+    assert EdgeTransport.optimize.__wrapped__  # type: ignore[attr-defined]
+
+    def full_disk(self: QdrantBackend) -> None:
+        raise FailedPrecondition("the disk is full")
+
+    monkeypatch.setattr(QdrantBackend, "optimize", full_disk)
+    monkeypatch.setenv("RAGLINE_RETRIEVER_BACKEND", "qdrant")
+    monkeypatch.setenv("RAGLINE_RETRIEVER_QDRANT_COLLECTION", "manuals")
+    monkeypatch.setenv("RAGLINE_RETRIEVER_DENSE_MODEL", "")
+    monkeypatch.setenv("RAGLINE_GRAPH_ENABLED", "false")
+    written = tmp_path / "report.json"
+    argv = ["ingest", str(make_pdf("parts.pdf", EXTRA_PAGES)), "--index-dir", str(tmp_path)]
+    assert cli.main([*argv, "--report", str(written), "-q"]) == 2
+    out, err = capsys.readouterr()
+    assert "1 ingested" in out and "error: after the documents landed: the disk is full" in err
+    assert json.loads(written.read_text())["ingested"] == 1
+
+
 @pytest.mark.parametrize("kind", ["edge", "client"])
 def test_a_qdrant_collection_of_another_sparse_model_is_refused(
     kind: str, tmp_path: Path, encoder: SpladeEncoder, make_pdf: Callable[..., Path]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -802,26 +804,47 @@ def test_an_ingest_request_gives_ocr_three_quarters_of_what_is_left_of_its_deadl
         current_deadline.reset(token)
 
 
-def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`ragline stats | head`: the pipe's reader left; no "error: Broken pipe", the status a
-    shell gives a tool the pipe ended (128 + SIGPIPE)."""
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`ragline ... | head`: the pipe's reader left before the (buffered) output was flushed at
+    exit; no "Exception ignored ... BrokenPipeError", the status a shell gives a tool the
+    pipe ended (128 + SIGPIPE). A real process, stdout block-buffered as in a shell."""
     import os
+    import subprocess
 
-    import services.cli as cli
-
-    def printing(args: object) -> int:
-        raise BrokenPipeError(32, "Broken pipe")
-
-    monkeypatch.setattr(cli, "cmd_stats", printing)
-    saved = os.dup(1)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    argv = [sys.executable, "-m", "services.cli", "token", "create", "--name", "mill"]
     try:
-        assert cli.main(["stats", "--target", "127.0.0.1:1"]) == 141
+        done = subprocess.run(
+            [*argv, "--scopes", "read"], stdout=write, stderr=subprocess.PIPE, env=env, timeout=60
+        )
     finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-    assert capsys.readouterr().err == ""
+        os.close(write)
+    assert done.returncode == 141 and done.stderr == b"", done.stderr
+
+
+def test_a_report_is_written_before_the_printing_that_a_gone_reader_cuts_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+
+    from ingest.batch import FileResult, IngestReport
+    from services.cli import _print_report
+
+    class Gone:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Gone())
+    report = IngestReport([FileResult("mill.pdf", "mill", "ingested", pages=1, chunks=2)] * 50)
+    args = argparse.Namespace(report=str(tmp_path / "report.json"), verbose=True)
+    with pytest.raises(BrokenPipeError):
+        _print_report(report, args)
+    assert json.loads((tmp_path / "report.json").read_text())["ingested"] == 50
 
 
 async def test_a_reload_that_keeps_failing_is_logged_once_per_failure(
