@@ -13,6 +13,7 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ragline.types import squad_flag
 
@@ -265,7 +266,14 @@ def load_beir(folder: str | Path, split: str = "test") -> tuple[LoadResult, dict
 
 
 def load_squad2(path: str | Path) -> tuple[LoadResult, dict[str, str]]:
-    """SQuAD 2.0 JSON → (questions, {context id: context}); impossible ones are unanswerable."""
+    """SQuAD 2.0 JSON → (questions, {context id: context}); impossible ones are unanswerable.
+    A record that cannot be read (a paragraph without a text context, a question without an
+    id or text, a flag of another type, an id already used) is skipped with its reason in
+    ``errors``, as the JSONL loader skips a bad line: the rest are measured.
+
+    Raises:
+        ValueError / TypeError / AttributeError: the file is not SQuAD JSON at all.
+    """
     data = json.loads(Path(path).read_text())
     result = LoadResult()
     corpus: dict[str, str] = {}
@@ -273,29 +281,39 @@ def load_squad2(path: str | Path) -> tuple[LoadResult, dict[str, str]]:
     for a, article in enumerate(data.get("data", [])):
         for p, paragraph in enumerate(article.get("paragraphs", [])):
             context_id = f"squad-{a}-{p}"
-            corpus[context_id] = paragraph["context"]
+            context = paragraph.get("context")
+            if not isinstance(context, str):
+                result.errors.append(f"{context_id}: the paragraph has no text context")
+                continue
+            corpus[context_id] = context
             for qa in paragraph.get("qas", []):
+                qid = str(qa.get("id")) if isinstance(qa, dict) else "?"
                 try:
-                    impossible = squad_flag(qa.get("is_impossible", False))
-                except ValueError as exc:  # "false" would read as impossible
-                    result.errors.append(f"{qa.get('id')}: {exc}")
+                    question = _squad_question(qa, context_id)
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    result.errors.append(f"{qid}: {exc}")
                     continue
-                if str(qa["id"]) in seen:
-                    result.errors.append(f"{qa.get('id')}: duplicate id")
+                if question.id in seen:
+                    result.errors.append(f"{qid}: duplicate id")
                     continue
-                seen.add(str(qa["id"]))
-                answers = tuple(dict.fromkeys(x["text"] for x in qa.get("answers", [])))
-                if not impossible and not answers:
-                    result.errors.append(f"{qa.get('id')}: answerable question without answers")
-                    continue
-                result.questions.append(
-                    Question(
-                        id=str(qa["id"]),
-                        question=qa["question"],
-                        answerable=not impossible,
-                        answers=answers,
-                        type="squad" if not impossible else "unanswerable",
-                        relevant_docs=() if impossible else (context_id,),
-                    )
-                )
+                seen.add(question.id)
+                result.questions.append(question)
     return result, corpus
+
+
+def _squad_question(qa: dict[str, Any], context_id: str) -> Question:
+    impossible = squad_flag(qa.get("is_impossible", False))  # "false" would read as impossible
+    qid, text = qa["id"], qa["question"]
+    if not isinstance(qid, (str, int)) or not isinstance(text, str) or not text.strip():
+        raise ValueError("needs an id and the question's text")
+    answers = tuple(dict.fromkeys(str(x["text"]) for x in qa.get("answers", [])))
+    if not impossible and not answers:
+        raise ValueError("answerable question without answers")
+    return Question(
+        id=str(qid),
+        question=text,
+        answerable=not impossible,
+        answers=answers,
+        type="squad" if not impossible else "unanswerable",
+        relevant_docs=() if impossible else (context_id,),
+    )

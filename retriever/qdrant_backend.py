@@ -169,6 +169,11 @@ def _one_layout(folder: Path, collection: str, mode: QdrantMode) -> None:
     its own files, and the other's index would be an empty new one beside it."""
     edge = (folder / collection / EdgeTransport.META).exists()
     client = (folder / "collection" / collection).exists()
+    if edge and client:
+        raise FailedPrecondition(
+            f"the Qdrant collection {collection!r} in {folder} is held in both embedded "
+            "layouts (RAGLINE_RETRIEVER_QDRANT_MODE edge and client): move one of them away"
+        )
     other: QdrantMode | None = "client" if mode == "edge" and client else None
     if mode == "client" and edge:
         other = "edge"

@@ -325,6 +325,11 @@ def test_an_embedded_qdrant_folder_in_use_damaged_or_of_the_other_mode_is_one_er
     with pytest.raises(FailedPrecondition, match="RAGLINE_RETRIEVER_QDRANT_MODE=edge"):
         open_backend("client", tmp_path, encoder, None)
     close(backend)
+    both = tmp_path / "qdrant" / "collection" / "manuals"  # as the client mode lays it out
+    both.mkdir(parents=True)
+    with pytest.raises(FailedPrecondition, match="held in both embedded layouts"):
+        open_backend("edge", tmp_path, encoder, None)
+    both.rmdir()
 
     meta = tmp_path / "qdrant" / "manuals" / "ragline-meta.json"
     kept = meta.read_bytes()

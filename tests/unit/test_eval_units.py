@@ -332,6 +332,14 @@ def test_a_corpus_id_never_names_a_file_outside_the_corpus_folder(tmp_path: Path
     loaded, _ = load_squad2(squad)
     assert [(q.id, q.answerable) for q in loaded.questions] == [("a", True), ("c", False)]
     assert len(loaded.errors) == 2
+    # one bad record is skipped with its reason, as a bad JSONL line is: the rest are read
+    qas += [{"id": "d", "answers": []}, {"id": "e", "question": "Weir?", "is_impossible": True}]
+    paragraphs = [{"context": "sluice", "qas": qas}, {"context": 5, "qas": qas[:1]}]
+    squad.write_text(json.dumps({"data": [{"paragraphs": paragraphs}]}))
+    loaded, corpus = load_squad2(squad)
+    assert [q.id for q in loaded.questions] == ["a", "c", "e"] and list(corpus) == ["squad-0-0"]
+    assert any(e.startswith("d: ") for e in loaded.errors)
+    assert "squad-0-1: the paragraph has no text context" in loaded.errors
 
 
 def test_the_filter_is_measured_on_what_the_servers_answer_scores() -> None:
