@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 from sklearn.metrics import roc_auc_score
 
 from credibility import calibration
@@ -39,7 +38,7 @@ from credibility.model import (
 )
 from credibility.pairs import Pair, write_pairs
 from ragline.errors import InvalidArgument
-from ragline.files import sweep_process_folders
+from ragline.files import owner_gone, sweep_process_folders
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +317,7 @@ def _staging(out: Path) -> tuple[Path, Path]:
         aside = [
             p
             for p in out.parent.glob(f"{glob.escape(prefix)}*.old")
-            if is_checkpoint(p) and not _alive(p.name.removeprefix(prefix).split("-", 1)[0])
+            if is_checkpoint(p) and owner_gone(p, prefix)
         ]
         if aside:
             max(aside, key=lambda p: p.stat().st_mtime).rename(out)
@@ -328,10 +327,6 @@ def _staging(out: Path) -> tuple[Path, Path]:
     tmp = out.parent / f"{name}.tmp"
     tmp.mkdir()
     return tmp, out.parent / f"{name}.old"
-
-
-def _alive(pid: str) -> bool:
-    return pid.isdigit() and pid.isascii() and psutil.pid_exists(int(pid))
 
 
 def _log_odds(p: float) -> float:

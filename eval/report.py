@@ -21,7 +21,7 @@ from eval.metrics import (
 )
 from eval.questions import write_trec_run
 from ragline.errors import visible
-from ragline.files import sweep_process_folders
+from ragline.files import check_folder, sweep_process_folders
 
 
 def build_report(
@@ -205,15 +205,7 @@ def check_out(out: Path) -> None:
     Raises:
         OSError: naming the path.
     """
-    there = out
-    while not there.exists() and there.parent != there:  # the nearest folder that exists
-        if there.is_symlink():  # a dangling link: mkdir would fail on it
-            raise FileNotFoundError(errno.ENOENT, "a link to nothing", str(there))
-        there = there.parent
-    if not there.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(there))
-    if not os.access(there, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, "permission denied", str(there))
+    check_folder(out)
     for name in OUTPUTS:
         there = out / name
         if there.is_dir() and not there.is_symlink():

@@ -76,6 +76,18 @@ def read_regular_text(path: str | os.PathLike[str], what: str, max_bytes: int) -
         raise ValueError(f"{name}: not UTF-8 text (byte {exc.start})") from None
 
 
+def owner_gone(folder: Path, prefix: str) -> bool:
+    """Whether the process a folder ``<prefix><pid>-*`` is named for has ended: False for a
+    name whose pid is not ASCII digits (not one of ours), or whose process still runs."""
+    pid = folder.name.removeprefix(prefix).split("-", 1)[0]
+    if not re.fullmatch(r"[1-9][0-9]{0,9}", pid, flags=re.ASCII):
+        return False
+    try:
+        return not psutil.pid_exists(int(pid))
+    except (OverflowError, ValueError):
+        return False
+
+
 def sweep_process_folders(parent: Path, prefix: str, stale_s: float) -> int:
     """Remove the folders ``<prefix><pid>-*`` in ``parent`` whose process is gone (killed
     before it could remove its own); how many went. Never one named otherwise (a pid of ASCII
@@ -84,16 +96,13 @@ def sweep_process_folders(parent: Path, prefix: str, stale_s: float) -> int:
     now = time.time()
     removed = 0
     for folder in parent.glob(f"{glob.escape(prefix)}*-*"):
-        pid = folder.name.removeprefix(prefix).split("-", 1)[0]
-        if not re.fullmatch(r"[1-9][0-9]{0,9}", pid, flags=re.ASCII):
-            continue
         try:
             info = folder.lstat()
             if (
                 not stat.S_ISDIR(info.st_mode)
                 or info.st_uid != os.getuid()
                 or now - info.st_mtime < stale_s
-                or psutil.pid_exists(int(pid))
+                or not owner_gone(folder, prefix)
             ):
                 continue
         except (OSError, OverflowError, ValueError):
@@ -121,13 +130,26 @@ def check_writable(path: Path) -> None:
     """
     with contextlib.suppress(FileNotFoundError):
         _check_regular(path, path.lstat())
-    for parent in path.parents:  # the nearest that exists must be a folder we may write
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(parent))
-            if not os.access(parent, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "permission denied", str(parent))
-            return
+    check_folder(path.parent)
+
+
+def check_folder(folder: Path) -> None:
+    """Raise, before any work is done, the error making ``folder`` (with the folders above
+    it that are missing) and writing into it would raise: the nearest that exists is a file
+    or may not be written, or a missing one is a link to nothing.
+
+    Raises:
+        OSError: naming the path (``NotADirectoryError`` for a file where a folder goes).
+    """
+    there = folder
+    while not there.exists() and there.parent != there:  # the nearest folder that exists
+        if there.is_symlink():  # a dangling link: mkdir would fail on it
+            raise FileNotFoundError(errno.ENOENT, "a link to nothing", str(there))
+        there = there.parent
+    if not there.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(there))
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "permission denied", str(there))
 
 
 def write_atomic(path: Path, data: bytes | str, mode: int = 0o666) -> None:

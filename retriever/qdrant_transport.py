@@ -78,11 +78,27 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _engine_errors(method: Callable[..., _T]) -> Callable[..., _T]:
-    """The embedded engine's own errors (plain ``Exception``s) as one line naming the index
+def _engine_error(path: Path, exc: Exception, failed: str = "failed") -> Exception:
+    """The embedded engine's own error (a plain ``Exception``) as one line naming the index
     folder, not a trace: the operating system's (a full disk, a file-size limit: the engine
     ends its message with "(os error N)") as ``FailedPrecondition`` (the index is fine once
     the cause is gone), any other (a damaged segment) as ``DataLoss``."""
+    said = " ".join(str(exc).split()) or "no detail"
+    if len(said) > 300:  # the cause comes last: keep the end
+        said = f"{said[:100]} … {said[-200:]}"
+    if "os error" in said:
+        return FailedPrecondition(
+            f"the embedded Qdrant index at {path} could not be written or read "
+            f"({said}): free the disk or lift the limit, then run it again"
+        )
+    return DataLoss(
+        f"the embedded Qdrant index at {path} {failed} ({said}): restore it from a "
+        "copy, or remove the folder and ingest again"
+    )
+
+
+def _engine_errors(method: Callable[..., _T]) -> Callable[..., _T]:
+    """A transport method whose engine errors are said by :func:`_engine_error`."""
 
     @functools.wraps(method)
     def call(self: EdgeTransport, *args: Any, **kwargs: Any) -> _T:
@@ -91,18 +107,7 @@ def _engine_errors(method: Callable[..., _T]) -> Callable[..., _T]:
         except Exception as exc:
             if type(exc) is not Exception:  # ours, or Python's: as they were
                 raise
-            said = " ".join(str(exc).split()) or "no detail"
-            if len(said) > 300:  # the cause comes last: keep the end
-                said = f"{said[:100]} … {said[-200:]}"
-            if "os error" in said:
-                raise FailedPrecondition(
-                    f"the embedded Qdrant index at {self.path} could not be written or read "
-                    f"({said}): free the disk or lift the limit, then run it again"
-                ) from None
-            raise DataLoss(
-                f"the embedded Qdrant index at {self.path} failed ({said}): restore it from a "
-                "copy, or remove the folder and ingest again"
-            ) from None
+            raise _engine_error(self.path, exc) from None
 
     return call
 
@@ -334,13 +339,9 @@ class EdgeTransport:
         try:
             return self.q.EdgeShard.load(str(self.path / "shard"))
         except Exception as exc:  # the engine raises plain Exceptions with its message
-            said = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else repr(exc)
-            if "WouldBlock" in said:
+            if "WouldBlock" in str(exc):
                 raise FailedPrecondition(_open_elsewhere(self.path)) from None
-            raise DataLoss(
-                f"the embedded Qdrant index at {self.path} cannot be opened ({said}): restore "
-                "it from a copy, or remove the folder and ingest again"
-            ) from None
+            raise _engine_error(self.path, exc, "cannot be opened") from None
 
     def exists(self) -> bool:
         return self._shard is not None

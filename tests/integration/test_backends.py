@@ -391,7 +391,7 @@ def test_the_embedded_engine_s_errors_are_one_line_and_an_empty_shard_folder_sta
     import json
 
     from ragline.errors import DataLoss
-    from retriever.qdrant_transport import EdgeTransport, _engine_errors
+    from retriever.qdrant_transport import EdgeTransport, _engine_error, _engine_errors
     from services import cli
 
     (tmp_path / "qdrant" / "manuals" / "shard").mkdir(parents=True)
@@ -412,6 +412,11 @@ def test_the_embedded_engine_s_errors_are_one_line_and_an_empty_shard_folder_sta
         Engine().flush(long_os)
     with pytest.raises(DataLoss, match="restore it from a copy"):
         Engine().flush("Gridstore IO error: out of bounds")
+    # the same words when the shard is opened: a full disk is no damage there either
+    said = _engine_error(tmp_path, Exception("Service error: No space left (os error 28)"))
+    assert isinstance(said, FailedPrecondition) and "os error 28" in str(said)
+    said = _engine_error(tmp_path, Exception("bad\nsegment"), "cannot be opened")
+    assert isinstance(said, DataLoss) and "cannot be opened (bad segment)" in str(said)
     assert EdgeTransport.optimize.__wrapped__  # type: ignore[attr-defined]
 
     def full_disk(self: QdrantBackend) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ragline.files import write_atomic
+from ragline.files import check_writable, owner_gone, write_atomic
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +64,29 @@ def test_a_new_file_honours_the_umask_and_a_long_name_fits(tmp_path: Path) -> No
     long = tmp_path / ("r" * 250)  # within the file system's 255, the temporary name too
     write_atomic(long, "x")
     assert long.read_text() == "x"
+
+
+def test_check_writable_refuses_a_parent_link_to_nothing_and_a_file_parent(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="a link to nothing"):
+        check_writable(tmp_path / "gone" / "sub" / "out.json")
+    (tmp_path / "plain").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        check_writable(tmp_path / "plain" / "out.json")
+    check_writable(tmp_path / "new" / "deeper" / "out.json")  # missing folders are fine
+    assert not (tmp_path / "new").exists()  # and nothing was made
+
+
+def test_owner_gone_reads_only_our_names_and_sees_a_living_process(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid no longer names a process (unless reused at once)
+    assert owner_gone(tmp_path / f".x.train-{child.pid}-abcd", ".x.train-")
+    assert not owner_gone(tmp_path / f".x.train-{os.getpid()}-abcd", ".x.train-")
+    for odd in ("٣٤-abcd", "0-abcd", "12x-abcd", "-abcd", "99999999999-abcd"):
+        assert not owner_gone(tmp_path / f".x.train-{odd}", ".x.train-"), odd
