@@ -24,12 +24,14 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ragline.files import check_folder
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from services.auth import TokenRegistry
 from services.build import build_gateway
@@ -363,6 +365,41 @@ async def _reload_loop(index: LocalIndex, interval_s: float) -> None:
             failing = said
 
 
+def check_index_dir(index_dir: Path) -> None:
+    """Make the index folder if it is missing and check it may be written, before a port
+    opens: a server that cannot write it would report SERVING and fail every ``Ingest``.
+
+    Raises:
+        ValueError: one line naming the folder and the reason.
+    """
+    try:
+        index_dir.mkdir(parents=True, exist_ok=True)
+        check_folder(index_dir)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(index_dir) else ""
+        raise ValueError(
+            f"the index folder {index_dir} (RAGLINE_RETRIEVER_INDEX_DIR, --index-dir) cannot be "
+            f"made or written: {exc.strerror or exc}{where}"
+        ) from None
+
+
+def _serve_metrics(gateway: Gateway, s: ServerSettings, probes: _Probes) -> MetricsEndpoint:
+    """The ``/metrics`` and probe endpoint, or a one-line error naming its address.
+
+    Raises:
+        RuntimeError: the address cannot be bound (taken, or a host that does not resolve).
+    """
+    assert s.metrics_port is not None
+    try:
+        return gateway.metrics.serve_http(s.metrics_host, s.metrics_port, probes.live, probes.ready)
+    except (OSError, OverflowError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise RuntimeError(
+            f"the metrics endpoint cannot listen on {s.metrics_host}:{s.metrics_port} "
+            f"(--metrics-port, RAGLINE_SERVER_METRICS_HOST): {why}"
+        ) from None
+
+
 async def start_server(
     settings: Settings, gateway: Gateway | None = None, warm_generator: bool = True
 ) -> RunningServer:
@@ -376,6 +413,8 @@ async def start_server(
     """
     tokens = load_tokens(settings.server)
     check_exposure(settings.server, tokens)
+    if settings.server.role in ("all", "retriever"):  # the roles that write the index
+        check_index_dir(settings.retriever.index_dir)
     setup_tracing(settings.tracing, settings.server.role)
     gateway = gateway or build_gateway(settings)
     first, internal = _open_ports(settings, gateway, tokens)
@@ -385,13 +424,11 @@ async def start_server(
         await port.server.start()
     s = settings.server
     probes = _Probes(asyncio.get_running_loop(), ports)
-    endpoint = (  # /readyz answers 503 while the models load
-        gateway.metrics.serve_http(s.metrics_host, s.metrics_port, probes.live, probes.ready)
-        if s.metrics_port is not None
-        else None
-    )
+    endpoint = None
     started = time.perf_counter()
     try:
+        if s.metrics_port is not None:  # /readyz answers 503 while the models load
+            endpoint = _serve_metrics(gateway, s, probes)
         await asyncio.to_thread(gateway.warm_up, warm_generator)
     except BaseException:
         for port in ports:
