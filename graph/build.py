@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections import Counter, defaultdict
@@ -127,6 +128,8 @@ class GraphIndex:
         self.tables = _Tables.empty()
         self._derived = False
         """Whether ``tables`` reflect ``_docs`` (read from disk, or built by a sync)."""
+        self._unsaved = False
+        """Whether the last save failed (a full disk): the next sync saves, changes or not."""
         if path is not None:
             self._load()
 
@@ -147,7 +150,7 @@ class GraphIndex:
         started = time.perf_counter()
         with self._lock:
             report = SyncReport()
-            changed = False
+            changed = self._unsaved
             for doc_id in [d for d in self._docs if d not in documents]:
                 del self._docs[doc_id]
                 report.removed += 1
@@ -183,7 +186,9 @@ class GraphIndex:
             tables.label(self._parsed)
             self.tables, self._derived = tables, True
             if changed and self.path is not None:
+                self._unsaved = True  # until the save below is done
                 self._save()
+                self._unsaved = False
             return self._report(report, started)
 
     def _report(self, report: SyncReport, started: float) -> SyncReport:
@@ -275,10 +280,18 @@ class GraphIndex:
             return
         try:
             manifest = json.loads(pointer.read_text())
+            if not (
+                isinstance(manifest, dict)
+                and isinstance(manifest.get("file"), str)
+                and isinstance(manifest.get("sha256"), str)
+            ):
+                raise ValueError(f"{pointer.name} names no graph file")
             payload = (self.path / Path(manifest["file"]).name).read_bytes()
             if hashlib.sha256(payload).hexdigest() != manifest["sha256"]:
                 raise DataLoss(f"graph {manifest['file']} fails its checksum")
             state = json.loads(gzip.decompress(payload))
+            if not isinstance(state, dict):
+                raise ValueError("not a graph")
         except (OSError, ValueError, KeyError, DataLoss) as exc:
             logger.warning(
                 "graph in %s unreadable (%s): it is rebuilt from the index", self.path, exc
@@ -333,6 +346,8 @@ class _Tables:
         """dense key → (label, surface)."""
         self.titles: dict[str, list[str]] = {}
         """document title (lower case) → the documents that carry it."""
+        self._titles_by_word: dict[str, list[str]] | None = None
+        self._title_rank: dict[str, int] = {}
         self.collections: dict[str, str] = {}
         """chunk id → its document's collection (a request limited to some collections walks
         only what they hold)."""
@@ -340,6 +355,21 @@ class _Tables:
     @classmethod
     def empty(cls) -> _Tables:
         return cls({}, {}, {}, 0)
+
+    def titles_in(self, text: str) -> list[str]:
+        """The titles that may occur in ``text`` (lower case), longest first: those whose
+        first run of word characters is one of the text's (a title found at word bounds
+        has it whole), so a search reads a handful of titles, not every document's."""
+        if self._titles_by_word is None:
+            by_word: dict[str, list[str]] = defaultdict(list)
+            for rank, title in enumerate(sorted(self.titles, key=len, reverse=True)):
+                first = re.search(r"\w+", title)
+                by_word[first.group() if first else ""].append(title)
+                self._title_rank[title] = rank
+            self._titles_by_word = dict(by_word)
+        words = {""} | set(re.findall(r"\w+", text))
+        found = {t for w in words for t in self._titles_by_word.get(w, ())}
+        return sorted(found, key=self._title_rank.__getitem__)
 
     @classmethod
     def count(cls, docs: Mapping[str, _Doc], config: GraphConfig) -> _Tables:
@@ -466,6 +496,7 @@ class _Tables:
         self.postings = dict(postings)
         self.edges = dict(edges)
         self.titles = dict(titles)
+        self._titles_by_word = None  # read again by titles_in
         self.collections = collections
 
     def label(self, parsed: Mapping[str, list[tuple[str, str, str]]]) -> None:

@@ -75,7 +75,7 @@ def named_documents(
     a made-up one is (else a caller could test another collection's titles)."""
     folded = " ".join(text.split())
     found: list[str] = []
-    for title in sorted(tables.titles, key=len, reverse=True):
+    for title in tables.titles_in(folded.lower()):
         carriers = [d for d in tables.titles[title] if allowed is None or allowed(d)]
         if not carriers:
             continue
@@ -255,7 +255,8 @@ class GraphPath:
             else h
             for h in hits
         ]
-        keep = k if append else max(min(k, self.depth) - self.slots, 0)
+        # The best hybrid hits keep their ranks: at least the first, whatever k is.
+        keep = k if append else max(min(k, self.depth) - self.slots, min(k, 1))
         head = ranked[:keep]
         taken = {h.chunk.chunk_id for h in head}
         floor = min((h.score for h in head), default=0.0)

@@ -252,8 +252,22 @@ class LocalIndex:
         self._listeners.append(listener)
 
     def _changed(self) -> None:
+        """Tell the listeners. What they keep is derived from the index (the graph), which
+        has changed whatever they say: a listener's failure (a full disk under the graph's
+        files) is logged, never the request's, which did land; each catches up at its next
+        call."""
         for listener in self._listeners:
-            listener()
+            try:
+                listener()
+            except Exception as exc:
+                logger.error(
+                    "the index is at generation %d, but %s failed to follow it (%s: %s); "
+                    "it catches up at the next change or restart",
+                    self.store.view.generation,
+                    getattr(listener, "__qualname__", "a listener"),
+                    type(exc).__name__,
+                    exc,
+                )
 
     def warm_up(self) -> None:
         """Load the encoders and the index (a writer also backfills dense vectors an index
@@ -414,7 +428,6 @@ class LocalIndex:
         sink = _Commits(self, loop, allowed, stop)
         foreign = [f for f in files if self._foreign(f.name, allowed, sink)]
         files = [f for f in files if f not in foreign]
-        done = False
         try:
             if files:  # the batch job itself: size limit, duplicate ids, same-name guard
                 report = await loop.run_in_executor(
@@ -441,16 +454,9 @@ class LocalIndex:
                 sink,
                 limits,
             )
-            done = True
         finally:
             async with self._lock:
-                try:
-                    await asyncio.to_thread(self._changed)
-                except Exception:
-                    if done:
-                        raise
-                    # the job's own error is what the caller hears about
-                    logger.exception("a listener failed after an ingest that failed")
+                await asyncio.to_thread(self._changed)
         return report
 
     async def _ingest_uploads(

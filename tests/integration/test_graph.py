@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -180,3 +181,39 @@ async def test_expand_refuses_bad_input_with_a_clear_status(graph_server: Served
             stages_pb2.ExpandRequest(query="What does tarn.exec write?", hits=[hit])
         )
         assert ok.hits  # the server is no worse for it
+
+
+async def test_a_change_that_landed_is_ok_when_the_graph_cannot_be_saved(
+    graph_server: Served, tmp_path: Path
+) -> None:
+    """The graph follows the index; a full disk or a broken folder under its files is the
+    operator's to hear about (the log), not the caller's: the upload and the delete landed."""
+    running, settings = graph_server
+    graph = running.gateway.graph
+    assert isinstance(graph, LocalGraph)
+    folder = Path(settings.retriever.index_dir) / "graph"
+    aside = tmp_path / "graph-aside"
+    folder.rename(aside)
+    folder.write_text("a file where the graph's folder goes")
+    try:
+        pdf = write_pdf(tmp_path / "sluice.pdf", ["The sluice.gate opens with tarn.exec at dawn."])
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = ragline_pb2_grpc.RaglineStub(channel)
+            done = await stub.Ingest(
+                ragline_pb2.IngestRequest(
+                    documents=[ragline_pb2.Document(name=pdf.name, content=pdf.read_bytes())]
+                )
+            )
+            assert [r.status for r in done.results] == [ragline_pb2.IngestFileResult.INGESTED]
+            held = len(running.gateway.local_index.store.documents())
+            assert graph.path.index.documents == held  # followed in memory
+            gone = await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="sluice"))
+            assert gone.chunks_removed > 0
+        assert graph.path.index.documents == held - 1
+    finally:
+        folder.unlink()
+        aside.rename(folder)
+    graph.sync()  # nothing changed since, but the last save failed: saved now
+    reloaded = build_gateway(settings, running.gateway.local_index.indexer)
+    assert isinstance(reloaded.graph, LocalGraph)
+    assert reloaded.graph.path.index.documents == graph.path.index.documents

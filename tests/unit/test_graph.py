@@ -385,3 +385,78 @@ def test_a_question_of_many_sentences_searches_a_few_parts() -> None:
     path = GraphPath(index, WalkConfig(), slots=2)
     asyncio.run(path.expand(question, [], 10, search, lambda ids: [], lambda c: True))
     assert len(asked) == MAX_SEARCHED_PARTS
+
+
+def test_a_request_for_fewer_hits_than_graph_slots_keeps_the_best_hybrid_hit() -> None:
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
+    corpus = docs("hub", "bridge", "other")
+    index.sync(corpus)
+    every = {c.chunk_id: c for _, cs in corpus.values() for c in cs}
+    path = GraphPath(index, WalkConfig(), slots=2, depth=10)
+    ranked = _hits([every["other-00000"], every["hub-00000"], every["hub-00001"]])
+
+    async def search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
+        return []
+
+    question = "Where does plink.run log?"
+    for k in (1, 2):
+        fused, used = asyncio.run(
+            path.expand(question, ranked, k, search, lambda ids: [every[i] for i in ids],
+                        lambda c: True)
+        )  # fmt: skip
+        assert used and len(fused) == k
+        assert fused[0] == ranked[0]  # rank and score as retrieval gave them
+        assert all(h.score == ranked[0].score for h in fused[1:])  # never a 0 below it
+
+
+def test_titles_a_text_names_are_found_as_a_search_of_every_title_finds_them() -> None:
+    import random
+    import re
+
+    from graph.build import _Tables
+
+    rng = random.Random(7)
+    words = ["kiln", "sluice", "weir", "mill", "the", "of", "guide", "(r)", "gate-keeper", "ü"]
+    tables = _Tables.empty()
+    tables.titles = {
+        " ".join(rng.choice(words) for _ in range(rng.randint(1, 4))): [f"d{i}"]
+        for i in range(3000)
+    }
+    tables._titles_by_word = None
+
+    def every_title(text: str) -> list[str]:  # what named_documents searched before
+        folded, found = " ".join(text.split()), []
+        for title in sorted(tables.titles, key=len, reverse=True):
+            match = re.search(rf"(?<!\w){re.escape(title)}(?!\w)", folded.lower())
+            if match is not None:
+                found += [d for d in tables.titles[title] if d not in found]
+                folded = f"{folded[: match.start()]} {folded[match.end() :]}"
+        return found
+
+    for _ in range(200):
+        text = " ".join(rng.choice(words + ["Mill", "x.", "Weir,"]) for _ in range(12))
+        assert named_documents(text, tables)[0] == every_title(text), text
+    assert len(tables.titles_in("a sluice")) < len(tables.titles) / 2  # not every title read
+
+
+def test_a_graph_manifest_of_another_shape_is_rebuilt(tmp_path: Path) -> None:
+    folder = tmp_path / "graph"
+    GraphIndex(GraphConfig(threshold=3, max_df=1.0), folder).sync(docs("hub", "bridge"))
+    for odd in ("null", "[]", '"abc"', '{"file": 5, "sha256": 7}', "{}"):
+        (folder / "CURRENT.json").write_text(odd)
+        again = GraphIndex(GraphConfig(threshold=3, max_df=1.0), folder)
+        assert again.documents == 0, odd
+        assert again.sync(docs("hub", "bridge")).added == 2
+
+
+def test_a_graph_that_cannot_be_saved_is_saved_by_the_next_sync(tmp_path: Path) -> None:
+    folder = tmp_path / "graph"
+    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0), folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.write_text("a file where the graph's folder goes")
+    with pytest.raises(OSError):
+        index.sync(docs("hub", "bridge"))
+    assert index.documents == 2  # the graph in memory is in step
+    folder.unlink()
+    index.sync(docs("hub", "bridge"))  # nothing changed, but the last save failed
+    assert GraphIndex(GraphConfig(threshold=3, max_df=1.0), folder).documents == 2
