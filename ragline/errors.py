@@ -28,11 +28,21 @@ class RaglineError(Exception):
         *,
         violations: tuple[FieldViolation, ...] = (),
         retry_after_s: float | None = None,
+        reason: str = "",
     ) -> None:
         super().__init__(message)
         self.message = message
         self.violations = violations
         self.retry_after_s = retry_after_s
+        self.reason = reason
+        """A machine-readable cause (``google.rpc.ErrorInfo``'s reason), such as
+        :data:`CREDENTIALS_REFUSED`; empty: none."""
+
+
+CREDENTIALS_REFUSED = "CREDENTIALS_REFUSED"
+"""The reason of a server's refusal of the credentials its caller presented (no token, an
+unknown one, one without the method's scope): for a gateway calling a stage, its own
+credentials, not its caller's."""
 
 
 class InvalidArgument(RaglineError):

@@ -217,8 +217,15 @@ def _engine(settings: Settings, kind: str) -> TextBackend:
 
 
 def _channel(settings: Settings) -> Callable[[str], grpc.aio.Channel]:
-    """Opens a stage client's channel: TLS, mTLS, token, retries, keepalive as configured."""
-    from services.client import open_channel
+    """Opens a stage client's channel: TLS, mTLS, token, retries, keepalive as configured.
+
+    Raises:
+        ValueError: a client TLS file (CA, certificate, key) missing or not PEM: said when
+            the role is built, before its port opens, not by every call after SERVING.
+    """
+    from services.client import client_credentials, open_channel
+
+    client_credentials(settings.server)
 
     def channel(target: str) -> grpc.aio.Channel:  # TLS, mTLS, token, retries as configured
         return open_channel(settings.server, target, aio=True)

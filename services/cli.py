@@ -91,6 +91,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if not _report_writable(args):
         return 2
+    if args.engine == "ray" and args.address:  # before the models load, not a wait in Ray
+        from services.ray_ingest import check_address
+
+        try:
+            check_address(args.address)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     index_dir = Path(settings.retriever.index_dir)
     if settings.retriever.backend == "local":
         try:  # once, before any file is parsed and encoded for nothing
@@ -502,12 +510,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     logs = Path(args.logs)
     cluster = LocalCluster({}, logs, ports={"gateway": args.port})
 
-    async def run() -> None:
+    async def run() -> int:
         stop = asyncio.Event()
+        received: list[int] = []
+
+        def stopped(sig: int) -> None:
+            received.append(sig)
+            stop.set()
+
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup` ignores SIGHUP: so do we
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, stopped, sig)
         print(f"starting {', '.join(cluster.processes)} (logs in {logs}/)", flush=True)
         starting = asyncio.create_task(cluster.start())
         stopping = asyncio.create_task(stop.wait())
@@ -516,16 +530,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             starting.cancel()  # own process groups, so the signal reached only us
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
-            return
+            print("stopped before every role was serving", file=sys.stderr)
+            return 128 + received[0]  # as `ragline serve` stopped while it warms up
         stopping.cancel()
         starting.result()
         for name, process in cluster.processes.items():
             print(f"  {name:<11} {process.address}  metrics :{process.metrics_port}")
         print(f"ragline serving on {cluster['gateway'].address} (split roles)", flush=True)
         await cluster.watch(stop)
+        return 0
 
     try:
-        asyncio.run(run())
+        return asyncio.run(run())
     except RuntimeError as exc:  # a role exited or never became SERVING: its log's tail
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -533,7 +549,6 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the stopping short
             signal.signal(sig, signal.SIG_IGN)
         cluster.stop()
-    return 0
 
 
 def _stub(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -1433,6 +1448,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "serve":  # the request log: one JSON object a line, as shippers read
+        requests = logging.getLogger("ragline.requests")
+        plain = logging.StreamHandler()
+        plain.setFormatter(logging.Formatter("%(message)s"))
+        requests.addHandler(plain)
+        requests.propagate = False
     from pydantic import ValidationError
 
     from ragline.errors import RaglineError

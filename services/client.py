@@ -77,7 +77,7 @@ def channel_options(server: ServerSettings, large_requests: bool = False) -> lis
     ]
 
 
-def _credentials(server: ServerSettings) -> grpc.ChannelCredentials | None:
+def client_credentials(server: ServerSettings) -> grpc.ChannelCredentials | None:
     """TLS credentials when a CA (or a client certificate) is configured, else None."""
     files = (server.tls_ca_file, server.tls_client_cert_file, server.tls_client_key_file)
     if all(f is None for f in files):
@@ -197,7 +197,7 @@ def open_channel(
         ValueError: a configured certificate or key file is missing or not PEM.
     """
     options = channel_options(server, large_requests)
-    credentials = _credentials(server)
+    credentials = client_credentials(server)
     if server.token and credentials is None and not is_loopback(target):
         _warn_plaintext_token(target)
     if aio:

@@ -63,9 +63,27 @@ def exit_with_parent() -> None:
 
 def free_port() -> int:
     """A port free on loopback now (another process may take it before it is bound)."""
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` different ports free on loopback now: all held while they are chosen (ports
+    asked for one at a time may repeat once the first is let go)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(n):
+            sock = held.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+def port_taken(port: int) -> bool:
+    """Whether something listens on loopback ``port`` already (a server would fail to bind
+    it, and a health check there would reach the other one)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @dataclass
@@ -149,6 +167,7 @@ class RoleProcess:
             RuntimeError: the process exited, or was not SERVING within ``timeout_s``.
         """
         started = time.monotonic()
+        last = "no answer yet"
         async with open_channel(_client_settings(self.env), self.address, aio=True) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() - started < timeout_s:
@@ -157,11 +176,18 @@ class RoleProcess:
                 try:
                     reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        await asyncio.sleep(0.3)  # the answer was its own, not another's
+                        if self.process.poll() is not None:
+                            raise RuntimeError(f"role {self.name} exited:\n{self.log_tail()}")
                         return
-                except grpc.aio.AioRpcError:
-                    pass
+                    last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+                except grpc.aio.AioRpcError as exc:
+                    last = f"{exc.code().name}: {' '.join((exc.details() or '').split())[:300]}"
                 await asyncio.sleep(0.3)
-        raise RuntimeError(f"role {self.name} not SERVING after {timeout_s:g} s")
+        raise RuntimeError(
+            f"role {self.name} not SERVING after {timeout_s:g} s (its health check's last "
+            f"answer: {last}):\n{self.log_tail()}"
+        )
 
 
 @dataclass
@@ -185,7 +211,8 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        ports = {name: (self.ports.get(name) or free_port(), free_port()) for name in self.roles}
+        free = iter(free_ports(2 * len(self.roles)))
+        ports = {name: (self.ports.get(name) or next(free), next(free)) for name in self.roles}
         shared = dict(os.environ) | dict(self.env)
         shared.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if "retriever" in ports:
@@ -229,6 +256,29 @@ class LocalCluster:
                     f"role {process.name} would serve TLS (RAGLINE_SERVER_TLS_CERT_FILE): set "
                     "RAGLINE_SERVER_TLS_CA_FILE to the CA that signed its certificate, so the "
                     "cluster and the roles can check one another"
+                )
+            if env.get("RAGLINE_SERVER_TLS_CLIENT_CA_FILE") and not (
+                env.get("RAGLINE_SERVER_TLS_CLIENT_CERT_FILE")
+                and env.get("RAGLINE_SERVER_TLS_CLIENT_KEY_FILE")
+            ):
+                raise RuntimeError(
+                    f"role {process.name} would ask its callers for a certificate "
+                    "(RAGLINE_SERVER_TLS_CLIENT_CA_FILE): set RAGLINE_SERVER_TLS_CLIENT_CERT_FILE "
+                    "and _CLIENT_KEY_FILE, the certificate the roles call one another with"
+                )
+            tokens = env.get("RAGLINE_SERVER_AUTH_TOKENS_FILE") or env.get(
+                "RAGLINE_SERVER_AUTH_TOKENS"
+            )
+            if tokens and not env.get("RAGLINE_SERVER_TOKEN"):
+                raise RuntimeError(
+                    f"role {process.name} would ask its callers for a token "
+                    "(RAGLINE_SERVER_AUTH_TOKENS_FILE / _AUTH_TOKENS): set RAGLINE_SERVER_TOKEN "
+                    "to a token with the 'internal' scope, which the roles call one another with"
+                )
+            if process.name in self.ports and port_taken(process.port):
+                raise RuntimeError(
+                    f"port {process.port} ({process.name}) is taken already: another server "
+                    "listens there; choose another --port"
                 )
         for process in self.processes.values():
             process.start()

@@ -313,7 +313,12 @@ class Gateway:
         if self.graph is None or not options.graph:
             return result, False
         with tracer.start_as_current_span("ragline.graph"):
-            return await self.graph.expand(query, result, k, options, append)
+            try:
+                return await self.graph.expand(query, result, k, options, append)
+            except Unavailable as exc:  # a graph role down: the ranking alone, not a failure
+                logger.warning("graph path skipped for this request: %s", exc.message)
+                self.metrics.graph_skipped.inc()
+                return result, False
 
     async def expand_hits(
         self,
@@ -328,6 +333,15 @@ class Gateway:
         many as were sent (or the default k)."""
         text, k = self.validate_query(query, k or len(hits))
         self.check_evidence(hits, "hits", most=self.limits.max_k)
+        seen: set[str] = set()
+        for index, hit in enumerate(hits):  # a ranking: each passage once, scored
+            if not math.isfinite(hit.score):
+                raise InvalidArgument.for_field(f"hits[{index}].score", "must be a finite number")
+            if hit.chunk.chunk_id in seen:
+                raise InvalidArgument.for_field(
+                    f"hits[{index}].chunk.chunk_id", "sent twice: a ranking holds a passage once"
+                )
+            seen.add(hit.chunk.chunk_id)
         if self.graph is None:
             raise FailedPrecondition("the graph path is off on this server")
         search_options = replace(self.options(options), graph=True)

@@ -7,6 +7,7 @@ never lock retrieval out."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import time
@@ -23,6 +24,7 @@ from grpc_status import rpc_status
 from opentelemetry import trace
 
 from ragline.errors import (
+    CREDENTIALS_REFUSED,
     DeadlineExceeded,
     InvalidArgument,
     RaglineError,
@@ -83,6 +85,10 @@ def to_status(exc: RaglineError, left_s: float | None = None) -> grpc.Status:
                 ]
             )
         )
+        status.details.append(detail)
+    if exc.reason:
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.ErrorInfo(reason=exc.reason, domain="ragline"))
         status.details.append(detail)
     if exc.retry_after_s is not None:
         delay = duration_pb2.Duration()
@@ -296,6 +302,7 @@ class _Call:
                 )
             except RaglineError as exc:
                 self.started = -1.0
+                exc.reason = CREDENTIALS_REFUSED  # the caller's own credentials
                 await self._abort(exc)
         if not owner.ready:
             self.started = -1.0
@@ -350,11 +357,15 @@ class _Call:
         metrics.grpc_handled.labels(self.service, self.name, self.kind, self.code.name).inc()
         metrics.grpc_seconds.labels(self.service, self.name, self.kind).observe(elapsed)
         line: dict[str, Any] = {
+            "ts": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
             "request_id": self.request_id,
             "method": self.method,
             "code": self.code.name,
             "ms": round(elapsed * 1000, 2),
         }
+        principal = current_principal.get()
+        if principal is not None:  # tokens on: who called (the token's name, never the token)
+            line["principal"] = principal.name
         span = trace.get_current_span().get_span_context()
         if span.is_valid:  # tracing on: the trace this request's spans are in
             line["trace_id"] = format(span.trace_id, "032x")

@@ -166,6 +166,12 @@ class Metrics:
         self.ingested_pages = Counter(
             "ragline_ingested_pages_total", "PDF pages ingested through the Ingest RPC.", registry=r
         )
+        self.graph_skipped = Counter(
+            "ragline_graph_skipped_total",
+            "Requests answered from the ranking alone because the graph role could not be "
+            "reached or did not answer in time (split deployment).",
+            registry=r,
+        )
         self.generated_tokens = Counter(
             "ragline_generator_tokens_total",
             "Text deltas (about one token each) generated.",

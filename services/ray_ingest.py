@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -103,6 +104,31 @@ def _parse(
         out["path"].append(path)
         out["parsed"].append(pickle.dumps(outcome))
     return out
+
+
+def check_address(address: str, timeout_s: float = 5.0) -> None:
+    """Whether something listens at a Ray cluster ``address`` (``ray://host:port`` for Ray
+    Client, ``host:port`` for its GCS; ``auto`` and ``local`` are Ray's own to find): Ray's
+    own connection attempts wait minutes and log in a loop.
+
+    Raises:
+        ValueError: one line naming the address and why nothing answers there.
+    """
+    if address in ("auto", "local"):
+        return
+    where = address.removeprefix("ray://")
+    host, sep, port = where.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--address {address!r}: not ray://HOST:PORT or HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise ValueError(
+            f"no Ray cluster answers at {address} (--address): {why}; start one "
+            "(`ray start --head`), or leave --address out for a local instance"
+        ) from None
 
 
 class _EncodeActor:

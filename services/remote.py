@@ -28,7 +28,7 @@ from ragline.types import Answer, Hit
 from ragline.v1 import ragline_pb2, stages_pb2, stages_pb2_grpc
 from retriever.search import RetrievalResult, SearchOptions
 from services import convert
-from services.deadlines import time_left
+from services.deadlines import current_deadline, time_left
 from services.metrics import Metrics
 from services.stages import IndexInfo
 
@@ -63,6 +63,7 @@ def error_from_rpc(
     code = exc.code()
     violations: tuple[errors.FieldViolation, ...] = ()
     retry_after_s: float | None = None
+    reason = ""
     status = _status_of(exc)
     if status is not None:
         from google.rpc import error_details_pb2
@@ -74,7 +75,28 @@ def error_from_rpc(
                 violations = tuple(
                     errors.FieldViolation(v.field, v.description) for v in bad.field_violations
                 )
+            elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason
         retry_after_s = _retry_after(status)
+    refused = code is grpc.StatusCode.UNAUTHENTICATED or reason == errors.CREDENTIALS_REFUSED
+    if refused and not verbose:
+        # The stage refused this process's own token (missing, unknown, without the
+        # 'internal' scope): a deployment error no caller can mend, and no retry will.
+        where = f"{stage} at {address}" if address else stage
+        logger.error(
+            "%s refused this process's credentials (%s: %s): give it RAGLINE_SERVER_TOKEN, "
+            "a token with the 'internal' scope in the stage's token file",
+            where,
+            code.name,
+            exc.details(),
+        )
+        return errors.RaglineError(
+            f"{stage} refused the gateway's own credentials: a deployment error, in its log"
+        )
+    if code is grpc.StatusCode.UNAUTHENTICATED:  # a local tool's own token: said as it is
+        return errors.Unauthenticated(exc.details() or code.name)
     kind = _PASSED_ON.get(code)
     if kind is not None:
         return kind(exc.details() or code.name, violations=violations, retry_after_s=retry_after_s)
@@ -168,9 +190,26 @@ class StageClient:
             )
         except grpc.aio.AioRpcError as exc:
             self._record(method, exc.code(), started)
-            raise error_from_rpc(exc, self._where(), self.address) from exc
+            raise self._error(exc, timeout_s or self.timeout_s) from exc
         self._record(method, grpc.StatusCode.OK, started)
         return reply
+
+    def _error(self, exc: grpc.aio.AioRpcError, cap_s: float) -> errors.RaglineError:
+        """The error a failed call is to its caller: a stage that did not answer within its
+        own limit (``cap_s``) while the caller's deadline still runs is UNAVAILABLE (the
+        caller's deadline was not too short: the stage is stuck or overloaded)."""
+        deadline = current_deadline.get()
+        if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED and (
+            deadline is None or deadline - time.monotonic() > 0.05
+        ):
+            logger.warning(
+                "%s at %s did not answer within its %g s limit", self._where(), self.address, cap_s
+            )
+            return errors.Unavailable(
+                f"{self._where()}: did not answer within {cap_s:g} s, retry",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        return error_from_rpc(exc, self._where(), self.address)
 
     async def call_stream(self, method: str, request: Any) -> AsyncIterator[Any]:
         """A server-streaming call within the current deadline."""
@@ -181,7 +220,7 @@ class StageClient:
                 yield reply
         except grpc.aio.AioRpcError as exc:
             self._record(method, exc.code(), started)
-            raise error_from_rpc(exc, self._where(), self.address) from exc
+            raise self._error(exc, self.timeout_s) from exc
         finally:
             call.cancel()  # a caller that stopped reading (cancelled) ends the stage's work
         self._record(method, grpc.StatusCode.OK, started)

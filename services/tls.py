@@ -11,6 +11,7 @@ A server certificate must name the host clients dial in its subjectAltName (``DN
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import grpc
@@ -41,6 +42,22 @@ def read_pem(path: str | Path, what: str, marker: bytes = _CERTIFICATE) -> bytes
     return data
 
 
+def check_pair(cert_file: str | Path, key_file: str | Path, what: str = "tls") -> None:
+    """That the key is the certificate's (gRPC says only that the port cannot be bound, or
+    fails the handshake, when it is not).
+
+    Raises:
+        ValueError: naming both files and the reason (another key, an encrypted key).
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:  # a passphrase is never asked for on the terminal: gRPC cannot use such a key
+        context.load_cert_chain(str(cert_file), str(key_file), password=lambda: b"")
+    except ssl.SSLError as exc:
+        why = exc.reason or str(exc)
+        hint = "the key is not the certificate's" if "MISMATCH" in str(why).upper() else why
+        raise ValueError(f"{what} cert_file {cert_file} and key_file {key_file}: {hint}") from None
+
+
 def server_credentials(
     cert_file: str | Path, key_file: str | Path, client_ca_file: str | Path | None = None
 ) -> grpc.ServerCredentials:
@@ -57,6 +74,7 @@ def server_credentials(
     """
     cert = read_pem(cert_file, "tls cert_file")
     key = read_pem(key_file, "tls key_file", _PRIVATE_KEY)
+    check_pair(cert_file, key_file)
     client_ca = read_pem(client_ca_file, "tls client_ca_file") if client_ca_file else None
     return grpc.ssl_server_credentials(
         [(key, cert)],
@@ -87,6 +105,8 @@ def channel_credentials(
     ca = read_pem(ca_file, "tls ca_file") if ca_file else None
     cert = read_pem(cert_file, "tls cert_file") if cert_file else None
     key = read_pem(key_file, "tls key_file", _PRIVATE_KEY) if key_file else None
+    if cert_file is not None and key_file is not None:
+        check_pair(cert_file, key_file, "tls client")
     return grpc.ssl_channel_credentials(
         root_certificates=ca, private_key=key, certificate_chain=cert
     )

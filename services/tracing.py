@@ -53,15 +53,28 @@ def setup_tracing(settings: TracingSettings, role: str) -> bool:
     if settings.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        otlp = OTLPSpanExporter(endpoint=settings.otlp_endpoint, insecure=settings.otlp_insecure)
+        try:
+            otlp = OTLPSpanExporter(
+                endpoint=settings.otlp_endpoint, insecure=settings.otlp_insecure
+            )
+        except ValueError as exc:
+            raise ValueError(
+                f"RAGLINE_TRACING_OTLP_ENDPOINT={settings.otlp_endpoint}: {exc}"
+            ) from None
         provider.add_span_processor(BatchSpanProcessor(otlp))
     else:  # file: every span as a JSON line as it ends (small volumes: tests, a quick look)
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         if settings.file is None:
             raise ValueError("RAGLINE_TRACING_EXPORTER=file needs RAGLINE_TRACING_FILE")
-        settings.file.parent.mkdir(parents=True, exist_ok=True)
-        out = settings.file.open("a", encoding="utf-8")
+        try:
+            settings.file.parent.mkdir(parents=True, exist_ok=True)
+            out = settings.file.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(
+                f"RAGLINE_TRACING_FILE={settings.file}: {exc.strerror or exc}"
+                + (f" ({exc.filename})" if exc.filename else "")
+            ) from None
         exporter = ConsoleSpanExporter(
             out=out, formatter=lambda span: span.to_json(indent=None) + "\n"
         )

@@ -155,6 +155,13 @@ async def test_expand_refuses_bad_input_with_a_clear_status(graph_server: Served
             stages_pb2.ExpandRequest(query="tarn.exec " * 10_000, hits=[hit]),
             stages_pb2.ExpandRequest(query="tarn.exec", hits=[hit] * 101),
             stages_pb2.ExpandRequest(query="tarn.exec", hits=[long_via]),
+            stages_pb2.ExpandRequest(query="tarn.exec", hits=[hit, hit]),
+            stages_pb2.ExpandRequest(
+                query="tarn.exec", hits=[common_pb2.Hit(chunk=hit.chunk, score=float("nan"))]
+            ),
+            stages_pb2.ExpandRequest(
+                query="tarn.exec", hits=[common_pb2.Hit(chunk=hit.chunk, score=float("inf"))]
+            ),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await graph.Expand(request)
@@ -217,3 +224,39 @@ async def test_a_change_that_landed_is_ok_when_the_graph_cannot_be_saved(
     reloaded = build_gateway(settings, running.gateway.local_index.indexer)
     assert isinstance(reloaded.graph, LocalGraph)
     assert reloaded.graph.path.index.documents == graph.path.index.documents
+
+
+async def test_a_graph_role_that_cannot_be_reached_leaves_the_ranking_alone(
+    graph_server: Served,
+) -> None:
+    """The graph is an enrichment: a gateway whose graph role is down serves the ranking
+    (counted, logged); a stage that does not answer within its own limit, while the
+    caller's deadline runs, is UNAVAILABLE to retry — not the caller's DEADLINE_EXCEEDED."""
+    from ragline.errors import Unavailable
+    from services.build import build_limits
+    from services.cluster import free_port
+    from services.gateway import Gateway
+    from services.metrics import Metrics
+    from services.remote import RemoteGraph, RemoteRetriever
+
+    running, settings = graph_server
+    internal = f"127.0.0.1:{running.internal_port}"
+    metrics = Metrics()
+    retriever = RemoteRetriever(internal, 30)
+    gateway = Gateway(
+        build_limits(settings),
+        retriever=retriever,
+        graph=RemoteGraph(f"127.0.0.1:{free_port()}", 5),
+        metrics=metrics,
+    )
+    question = "Where does the runner started after snorp.init keep its log?"
+    try:
+        found = await gateway.retrieve(question, 4, bypass_cache=True)
+        assert found.hits and not any(h.via for h in found.hits)
+        assert metrics.graph_skipped._value.get() == 1
+        stuck = RemoteRetriever(internal, 0.000001)  # no stage answers that fast
+        with pytest.raises(Unavailable, match="did not answer within"):
+            await stuck.search(question, 4, bypass_cache=True)
+        await stuck.close()
+    finally:
+        await retriever.close()

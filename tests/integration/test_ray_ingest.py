@@ -87,3 +87,36 @@ def test_ray_ingest_builds_the_same_index_as_the_local_engine(
     extra = make_pdf("more/extra.pdf", ["The frobnicator's spare fuse is rated 5 amperes."])
     (landed,) = run_batch([extra], engine, progress=False, parse_engine=engine.outcomes).results
     assert landed.status == "ingested", landed
+
+
+def test_a_ray_address_nothing_answers_at_is_one_line_before_any_model_loads(
+    tmp_path: Path,
+) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from services.cluster import free_port
+    from services.ray_ingest import check_address
+    from tests.conftest import ROOT, write_pdf
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_address(f"ray://127.0.0.1:{listening.getsockname()[1]}")  # something answers
+    for odd in ("ray://", "127.0.0.1", "host:port", "ray://127.0.0.1:99999"):
+        with pytest.raises(ValueError, match="not ray://HOST:PORT"):
+            check_address(odd)
+    pdf = write_pdf(tmp_path / "weir.pdf", ["The weir holds the mill pond at two metres."])
+    nobody = f"127.0.0.1:{free_port()}"
+    done = subprocess.run(  # the timeout: not Ray's minutes of reconnecting
+        [sys.executable, "-m", "services.cli", "ingest", "-q", str(pdf), "--engine", "ray",
+         "--address", nobody],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=os.environ | {"RAGLINE_RETRIEVER_INDEX_DIR": str(tmp_path / "index")},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"no Ray cluster answers at {nobody} (--address)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "index").exists()  # nothing begun

@@ -1080,3 +1080,40 @@ async def test_the_eval_sends_its_token(secured, tokens, tmp_path) -> None:  # t
     refused = await evaluate("rgl_wrong", "wrong")
     assert refused.returncode == 2
     assert "UNAUTHENTICATED" in refused.stderr and "Traceback" not in refused.stderr
+
+
+async def test_a_stage_refusing_the_gateway_s_own_token_is_no_fault_of_the_caller(  # type: ignore[no-untyped-def]
+    secured, tokens, caplog
+) -> None:
+    """A stage sees the gateway's token, never the app's: its refusal (no token, an unknown
+    one, one without the 'internal' scope) is a deployment error — INTERNAL, logged, with no
+    token name or scope for the caller, and no "retry" — while what the stage says of the
+    request itself (an unknown collection) is passed on as it is."""
+    from ragline.errors import NotFound, RaglineError
+    from retriever.search import SearchOptions
+    from services.remote import RemoteRetriever
+    from services.settings import ServerSettings
+
+    address = f"127.0.0.1:{secured.internal_port}"
+
+    def opener(token: str):  # type: ignore[no-untyped-def]
+        return lambda target: open_channel(ServerSettings(token=token), target, aio=True)
+
+    for token in ("", "not-a-token", tokens["reader_all"]):
+        stage = RemoteRetriever(address, 30, opener(token))
+        try:
+            with pytest.raises(RaglineError) as err:
+                await stage.search("cryostat helium", 3)
+        finally:
+            await stage.close()
+        assert err.value.code == "INTERNAL", (token, err.value)
+        said = err.value.message
+        assert "refused the gateway's own credentials" in said
+        assert "reader_all" not in said and "internal" not in said and "retry" not in said
+    assert "'internal' scope" in caplog.text  # the operator's log says what to do
+    stage = RemoteRetriever(address, 30, opener(tokens["internal_a"]))
+    try:
+        with pytest.raises(NotFound):
+            await stage.search("cryostat", 3, SearchOptions(collections=("nowhere",)))
+    finally:
+        await stage.close()

@@ -72,3 +72,71 @@ def test_an_index_folder_that_cannot_be_made_is_refused_before_serving(
     assert "the index folder" in done.stderr and "cannot be made or written" in done.stderr
     assert "Traceback" not in done.stderr
     assert "serving on" not in done.stderr
+
+
+def test_a_gateway_whose_client_tls_file_is_missing_says_so_before_serving(
+    tmp_path: Path, redis_url: str
+) -> None:
+    done = serve(
+        tmp_path,
+        redis_url,
+        f"--port={free_port()}",
+        "--role=gateway",
+        RAGLINE_STAGES_RETRIEVER_ADDRESS="127.0.0.1:1",
+        RAGLINE_STAGES_GENERATOR_ADDRESS="127.0.0.1:2",
+        RAGLINE_CREDIBILITY_ADDRESS="127.0.0.1:3",
+        RAGLINE_SERVER_TLS_CA_FILE=str(tmp_path / "gone-ca.pem"),
+    )
+    assert done.returncode == 2
+    assert f"{tmp_path / 'gone-ca.pem'}: no such file" in done.stderr
+    assert "serving on" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_request_log_is_one_json_object_a_line_naming_the_caller(
+    tmp_path: Path, redis_url: str
+) -> None:
+    import json
+    import time
+
+    import grpc
+
+    from ragline.v1 import ragline_pb2, ragline_pb2_grpc
+    from services.auth import bearer_metadata, new_token
+
+    token, entry = new_token("weir-app", ["read"])
+    port = free_port()
+    environ = os.environ | {
+        "RAGLINE_RETRIEVER_INDEX_DIR": str(tmp_path / "index"),
+        "RAGLINE_CACHE_REDIS_URL": redis_url,
+        "RAGLINE_CREDIBILITY_BACKEND": "score_floor",
+        "RAGLINE_SERVER_AUTH_TOKENS": json.dumps({"tokens": [entry]}),
+        "RAGLINE_SERVER_PORT": str(port),
+    }
+    serving = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "serve"],
+        cwd=ROOT, env=environ, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=240)
+            stub = ragline_pb2_grpc.RaglineStub(channel)
+            for _ in range(240):  # until warmed up (UNAVAILABLE while the models load)
+                try:
+                    stub.GetStats(ragline_pb2.GetStatsRequest(), metadata=bearer_metadata(token))
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+                    time.sleep(1)
+            stub.Retrieve(
+                ragline_pb2.RetrieveRequest(query="sluice gate", k=2),
+                metadata=[*bearer_metadata(token), ("x-request-id", "weir-1")],
+                timeout=60,
+            )
+    finally:
+        serving.terminate()
+        _, err = serving.communicate(timeout=60)
+    logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    mine = [line for line in logged if line.get("request_id") == "weir-1"]
+    assert mine and mine[0]["principal"] == "weir-app" and mine[0]["code"] == "OK"
+    assert mine[0]["method"].endswith("/Retrieve") and "ts" in mine[0]
+    assert token not in err

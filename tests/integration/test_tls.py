@@ -166,6 +166,11 @@ def test_missing_or_wrong_files_name_the_setting(certs: CertBundle, tmp_path: Pa
         channel_credentials(certs.ca_cert, cert_file=certs.client.cert)
     with pytest.raises(ValueError, match=rf"tls cert_file {re.escape(str(tmp_path))}: a directory"):
         channel_credentials(certs.ca_cert, tmp_path, certs.client.key)
+    # another certificate's key: gRPC said only that the port could not be bound
+    with pytest.raises(ValueError, match=r"server\.pem and key_file .*client\.key: the key is not"):
+        server_credentials(certs.server.cert, certs.client.key)
+    with pytest.raises(ValueError, match=r"tls client cert_file .*client\.pem .*: the key is not"):
+        channel_credentials(certs.ca_cert, certs.client.cert, certs.server.key)
     # a device was read until memory ran out; a FIFO blocked the process
     fifo = tmp_path / "ca.fifo"
     os.mkfifo(fifo)

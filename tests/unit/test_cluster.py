@@ -171,3 +171,50 @@ async def test_roles_serving_tls_need_a_ca_to_be_checked(tmp_path: Path) -> None
     with pytest.raises(RuntimeError, match="RAGLINE_SERVER_TLS_CA_FILE"):
         await cluster.start()
     assert cluster["graph"].process is None  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        (
+            {
+                "RAGLINE_SERVER_TLS_CERT_FILE": "/etc/ragline/server.pem",
+                "RAGLINE_SERVER_TLS_CA_FILE": "/etc/ragline/ca.pem",
+                "RAGLINE_SERVER_TLS_CLIENT_CA_FILE": "/etc/ragline/ca.pem",
+            },
+            "RAGLINE_SERVER_TLS_CLIENT_CERT_FILE",
+        ),
+        ({"RAGLINE_SERVER_AUTH_TOKENS_FILE": "/etc/ragline/tokens.json"}, "'internal' scope"),
+        ({"RAGLINE_SERVER_AUTH_TOKENS": '{"tokens": []}'}, "RAGLINE_SERVER_TOKEN"),
+    ],
+)
+async def test_settings_the_roles_could_not_call_one_another_with_are_refused(
+    tmp_path: Path, env: dict[str, str], said: str
+) -> None:
+    cluster = LocalCluster(env, tmp_path, roles=("graph",))
+    with pytest.raises(RuntimeError, match=said):
+        await cluster.start()
+    assert cluster["graph"].process is None  # nothing started
+
+
+async def test_a_gateway_port_another_server_holds_is_refused_before_any_role_starts(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        cluster = LocalCluster({}, tmp_path, roles=("graph", "gateway"), ports={"gateway": taken})
+        with pytest.raises(RuntimeError, match=f"port {taken} \\(gateway\\) is taken"):
+            await cluster.start()
+    assert all(p.process is None for p in cluster.processes.values())
+
+
+def test_ports_chosen_together_are_different() -> None:
+    from services.cluster import free_ports
+
+    for _ in range(50):
+        ports = free_ports(10)
+        assert len(set(ports)) == 10

@@ -152,3 +152,21 @@ def test_the_services_speak_mutual_tls_to_each_other(role: str) -> None:
         assert "RAGLINE_SERVER_TLS_CERT_FILE" not in env
     if "RAGLINE_SERVER_TOKEN" in env:  # the stage token travels only over TLS
         assert "RAGLINE_SERVER_TLS_CA_FILE" in env
+
+
+def test_only_the_pods_that_cache_may_reach_redis() -> None:
+    """The cache is written by the retriever role alone: the policy lets its pods (every
+    Deployment that serves the retriever role) and no other reach Redis's port."""
+    (policy,) = _of("NetworkPolicy").values()
+    redis = _of("Deployment")["ragline-redis"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= redis.items()
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    allowed = source["podSelector"]["matchLabels"]
+    for name, deployment in _of("Deployment").items():
+        template = deployment["spec"]["template"]
+        (container, *_) = template["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        reaches = allowed.items() <= template["metadata"]["labels"].items()
+        assert reaches == (env.get("RAGLINE_SERVER_ROLE") == "retriever"), name
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]

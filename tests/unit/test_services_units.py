@@ -881,3 +881,16 @@ async def test_a_reload_that_keeps_failing_is_logged_once_per_failure(
     said = [r for r in caplog.records if "could not reload the index" in r.getMessage()]
     assert [str(r.exc_info[1]) for r in said if r.exc_info] == ["gone", "torn", "gone"]
     assert "still serving generation 7" in said[0].getMessage()
+
+
+def test_tracing_settings_that_cannot_work_name_the_variable(tmp_path: Path) -> None:
+    from services.settings import TracingSettings
+    from services.tracing import setup_tracing
+
+    bad = TracingSettings(exporter="otlp", otlp_endpoint="http://[zz:4317")
+    with pytest.raises(ValueError, match=r"RAGLINE_TRACING_OTLP_ENDPOINT=http://\[zz:4317: "):
+        setup_tracing(bad, "gateway")
+    (tmp_path / "plain").write_text("a file where a folder goes")
+    unwritable = TracingSettings(exporter="file", file=tmp_path / "plain" / "spans.jsonl")
+    with pytest.raises(ValueError, match=r"RAGLINE_TRACING_FILE=.*spans\.jsonl: "):
+        setup_tracing(unwritable, "gateway")
