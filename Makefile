@@ -32,10 +32,10 @@ redis:
 	@scripts/ensure_redis.sh
 
 corpus:
-	@FULL=$(FULL) scripts/fetch_corpus.sh $(CORPUS)
+	@FULL=$(FULL) scripts/fetch_corpus.sh "$(CORPUS)"
 
 ingest:
-	$(BIN)/ragline ingest $(CORPUS)
+	$(BIN)/ragline ingest "$(CORPUS)"
 
 ## credibility: train + calibrate the credibility classifier from the ingested index and the
 ##      committed LLM-written questions ($(QUESTIONS), made by `ragline credibility

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from bench.report import check_report, write_report  # noqa: E402
 from credibility import calibration  # noqa: E402
 from credibility.lexical import chunk_context  # noqa: E402
 from credibility.model import PairClassifier  # noqa: E402
@@ -58,7 +59,9 @@ def heldout_halves(checkpoint: Path, n: int) -> np.ndarray:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default="var/models/credibility")
-    parser.add_argument("--index-dir", default="var/index")
+    parser.add_argument(
+        "--index-dir", default=os.environ.get("RAGLINE_RETRIEVER_INDEX_DIR") or "var/index"
+    )
     parser.add_argument("--questions", default=str(ROOT.parent / "shared/eval/dev.jsonl"))
     parser.add_argument("--limit", type=int, default=40, help="questions timed")
     parser.add_argument("--passages", type=int, default=20)
@@ -67,6 +70,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench/out/credibility.json"))
     args = parser.parse_args()
+    check_report(Path(args.out))  # before the run, not after it
 
     checkpoint = Path(args.checkpoint)
     settings = Settings()
@@ -139,20 +143,17 @@ def main() -> int:
     for row in results:
         print("| " + " | ".join(str(row[h]) for h in header) + " |")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "checkpoint": str(checkpoint),
-                "passages_per_query": args.passages,
-                "queries": len(batches),
-                "repeats": args.repeats,
-                "heldout_pairs": len(heldout),
-                "results": results,
-            },
-            indent=1,
-        )
+    write_report(
+        Path(out),
+        {
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "checkpoint": str(checkpoint),
+            "passages_per_query": args.passages,
+            "queries": len(batches),
+            "repeats": args.repeats,
+            "heldout_pairs": len(heldout),
+            "results": results,
+        },
     )
     print(f"\nwrote {out}")
     return 0

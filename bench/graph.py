@@ -36,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import check_report, write_report  # noqa: E402
 
 VARIANTS = ("selective", "full", "everywhere")
 
@@ -104,7 +105,11 @@ def _child(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--index-dir", default="var/index", help="an ingested index to read")
+    parser.add_argument(
+        "--index-dir",
+        default=os.environ.get("RAGLINE_RETRIEVER_INDEX_DIR") or "var/index",
+        help="an ingested index to read",
+    )
     parser.add_argument("--pdfs", nargs="*", default=[], help="parse these PDFs/folders instead")
     parser.add_argument("--threshold", type=int, default=5, help="the selective threshold")
     parser.add_argument(
@@ -116,6 +121,7 @@ def main() -> None:
     parser.add_argument("--chunks", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "bench/out/graph.json"))
     args = parser.parse_args()
+    check_report(Path(args.out))  # before the run, not after it
     if args.variant:
         _child(args)
         return
@@ -152,19 +158,16 @@ def main() -> None:
     ratio = full["build_s"] / max(sel["build_s"], 1e-9)
     ratio_all = everywhere["build_s"] / max(sel["build_s"], 1e-9)
     print(f"\nselective: {ratio:.1f}x cheaper to build than full, {ratio_all:.1f}x than everywhere")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(
-        json.dumps(
-            {
-                "results": results,
-                "time_ratio": round(ratio, 2),
-                "time_ratio_everywhere": round(ratio_all, 2),
-                "cpu": platform.processor() or platform.machine(),
-                "cores": os.cpu_count(),
-                "source": args.pdfs or args.index_dir,
-            },
-            indent=2,
-        )
+    write_report(
+        Path(args.out),
+        {
+            "results": results,
+            "time_ratio": round(ratio, 2),
+            "time_ratio_everywhere": round(ratio_all, 2),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "source": args.pdfs or args.index_dir,
+        },
     )
     print(f"wrote {args.out}")
 

@@ -17,7 +17,6 @@ Prints a table and writes ``bench/out/ingest.json``. SPLADE encoding is measured
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import resource
@@ -30,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import check_report, write_report  # noqa: E402
 from ingest.batch import parse_document, run_batch  # noqa: E402
 from ingest.pdf import PdfLimits  # noqa: E402
 from ragline.types import Chunk, Held  # noqa: E402
@@ -75,6 +75,7 @@ def main() -> int:
     parser.add_argument("--workers", default="1,2", help="worker counts to run with tables on")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "ingest.json")
     args = parser.parse_args()
+    check_report(Path(args.out))  # before the run, not after it
     by_name: dict[str, Path] = {}
     for folder in args.folders:
         for path in sorted(folder.glob("*.pdf")):
@@ -149,18 +150,15 @@ def main() -> int:
             f"{r['pages_per_s']:>8} {r['worker_peak_rss_mb']:>8} MB"
         )
     print(f"in-process pass: peak RSS {in_process_rss:.0f} MB; cores: {os.cpu_count()}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "runs": runs,
-                "groups_in_process": groups,
-                "in_process_peak_rss_mb": round(in_process_rss),
-                "files": per_file,
-            },
-            indent=1,
-        )
+    write_report(
+        Path(args.out),
+        {
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "runs": runs,
+            "groups_in_process": groups,
+            "in_process_peak_rss_mb": round(in_process_rss),
+            "files": per_file,
+        },
     )
     print(f"wrote {args.out}")
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -71,8 +72,30 @@ def print_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, 
         print("| " + " | ".join(str(row[k]) for k, _ in columns) + " |")
 
 
+def check_report(path: Path) -> None:
+    """Refuse, before a (long) run, a report path the run could not write at its end: a
+    folder, a link or device, a parent that is a file or may not be written, a link to
+    nothing on the way. Exits with one line.
+
+    Raises:
+        SystemExit: status 2, the path and the reason.
+    """
+    from ragline.files import check_writable
+
+    try:
+        check_writable(path)
+    except OSError as exc:
+        where = exc.filename or path
+        print(f"error: cannot write the report {path}: {where}: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def write_report(path: Path, report: dict[str, Any]) -> None:
-    """Write a bench's JSON report (its folder made) and say where."""
+    """Write a bench's JSON report whole or not at all (its folder made; an earlier report
+    is replaced only by a complete one) and say where."""
+    from ragline.files import write_atomic
+
+    check_report(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1))
+    write_atomic(path, json.dumps(report, indent=1) + "\n")
     print(f"\nwrote {path}")

@@ -131,7 +131,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--index-dir", type=Path, default=ROOT / "var" / "index")
+    parser.add_argument(
+        "--index-dir",
+        type=Path,
+        default=Path(os.environ.get("RAGLINE_RETRIEVER_INDEX_DIR") or ROOT / "var" / "index"),
+    )
     parser.add_argument(
         "--questions", type=Path, default=ROOT.parent / "shared" / "eval" / "dev.jsonl"
     )

@@ -30,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import check_report, write_report  # noqa: E402
 from retriever.hnsw import HnswIndex  # noqa: E402
 
 DIM = 384
@@ -200,6 +201,7 @@ def main() -> int:
     parser.add_argument("--encoder", action="store_true", help="also time the MiniLM encoder")
     parser.add_argument("--out", type=Path, default=ROOT / "var" / "bench" / "synthetic_dense.json")
     args = parser.parse_args()
+    check_report(Path(args.out))  # before the run, not after it
     shares = () if args.no_filters else FILTER_SHARES
     rows = run(args.n, args.queries, args.k, args.ef, shares)
     print(f"n={args.n} dim={DIM} M={rows[0]['m']} efC={rows[0]['ef_construction']}", end=" ")
@@ -218,9 +220,7 @@ def main() -> int:
     if args.encoder:
         report["encoder"] = run_encoder()
         print(json.dumps(report["encoder"]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(Path(args.out), report)
     return 0
 
 

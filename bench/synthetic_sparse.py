@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `ragline` / `retriever` importable
     sys.path.insert(0, str(ROOT))
 
+from bench.report import check_report, write_report  # noqa: E402
 from ragline.types import SparseVector  # noqa: E402
 from retriever.seismic_index import SeismicSparseIndex  # noqa: E402
 from retriever.sparse_index import ExactSparseIndex, SparseIndex  # noqa: E402
@@ -240,18 +241,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queries", type=int, default=200, help="queries to time")
     parser.add_argument("--k", type=int, default=10, help="results per query")
     args = parser.parse_args(argv)
+    check_report(OUT)  # before the run, not after it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     rows = run(args.docs, args.queries, args.k)
     _print_table(rows)
     _write_report(rows)
-    print(f"wrote {OUT.relative_to(ROOT)}")
 
 
 def _write_report(rows: list[dict]) -> None:
     """Merge ``rows`` into the JSON report, replacing earlier rows of the same corpus size."""
-    OUT.parent.mkdir(parents=True, exist_ok=True)
     sizes = {row["n_docs"] for row in rows}
-    kept = json.loads(OUT.read_text())["rows"] if OUT.exists() else []
+    try:
+        kept = json.loads(OUT.read_text())["rows"] if OUT.exists() else []
+    except (ValueError, KeyError, TypeError) as exc:  # a report cut short by hand, or older
+        print(f"warning: {OUT} unreadable ({exc}): replaced by this run's rows", file=sys.stderr)
+        kept = []
     merged = [row for row in kept if row["n_docs"] not in sizes] + rows
     merged.sort(key=lambda row: (row["n_docs"], row["backend"]))
     report = {
@@ -259,7 +263,7 @@ def _write_report(rows: list[dict]) -> None:
         "cpus": len(os.sched_getaffinity(0)),
         "rows": merged,
     }
-    OUT.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(Path(OUT), report)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.report import check_report, write_report  # noqa: E402
 from services.server import start_server  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "upload.json")
     args = parser.parse_args()
+    check_report(Path(args.out))  # before the run, not after it
     pdfs = args.pdfs or default_pdfs()
     if not pdfs or not all(p.is_file() for p in pdfs):
         sys.exit("error: no PDFs (run `make corpus`, or pass --pdfs)")
@@ -117,18 +119,15 @@ def main() -> None:
         )
     if len(chunks) != 1:
         print(f"warning: runs indexed different chunk counts {sorted(chunks)}", file=sys.stderr)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "pdfs": [p.name for p in pdfs],
-                "machine": platform.processor() or platform.machine(),
-                "cpus": os.cpu_count(),
-                "rows": rows,
-                "runs": runs,
-            },
-            indent=2,
-        )
+    write_report(
+        Path(args.out),
+        {
+            "pdfs": [p.name for p in pdfs],
+            "machine": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "rows": rows,
+            "runs": runs,
+        },
     )
     print(f"wrote {args.out}")
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import sys
 import tempfile
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import pymupdf  # noqa: E402
 
+from bench.report import check_report, write_report  # noqa: E402
 from services.build import build_gateway  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "writers.json")
     args = parser.parse_args()
+    check_report(Path(args.out))  # before the run, not after it
     if not args.pdf.is_file():
         sys.exit(f"error: no PDF at {args.pdf} (run `make corpus`, or pass --pdf)")
     runs = []
@@ -94,16 +95,13 @@ def main() -> None:
             f"{r['upload_wait_s']:>12.3f}{'' if r['upload_before_large_ended'] else '*':1}"
         )
     print("* ended after the large request")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps(
-            {
-                "pdf": args.pdf.name,
-                "machine": platform.processor() or platform.machine(),
-                "runs": runs,
-            },
-            indent=2,
-        )
+    write_report(
+        Path(args.out),
+        {
+            "pdf": args.pdf.name,
+            "machine": platform.processor() or platform.machine(),
+            "runs": runs,
+        },
     )
     print(f"wrote {args.out}")
 

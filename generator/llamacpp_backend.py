@@ -166,6 +166,8 @@ class LlamaCppBackend:
         self.cache_ram_mib = cache_ram_mib
         self.admission = AdmissionQueue(parallel, max_queue)
         self.recent: deque[GenerationRecord] = deque(maxlen=RECENT_REQUESTS)
+        self.finished = 0
+        """Requests finished since the start (``recent`` keeps the last few of them)."""
         self._server: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self._active: set[_Request] = set()
@@ -349,6 +351,7 @@ class LlamaCppBackend:
             self._active.discard(request)
             self.admission.release(time.perf_counter() - started)
             self.recent.append(request.record())
+            self.finished += 1
             failure = None if work.cancelled() else work.exception()
             items.put_nowait(failure if failure is not None else _END)
 

@@ -8,6 +8,7 @@ server is started as ``python -m vllm.entrypoints.openai.api_server``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -88,10 +89,13 @@ def openai_server(
             time.sleep(0.5)
         yield f"{url}/v1"
     finally:
-        # Its engine core and worker are children in the same session: end them all.
-        os.killpg(process.pid, signal.SIGTERM)
+        # Its engine core and worker are children in the same session: end them all (the
+        # server may have exited already: its own error is the one to see).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()

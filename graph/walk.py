@@ -255,8 +255,9 @@ class GraphPath:
             else h
             for h in hits
         ]
-        # The best hybrid hits keep their ranks: at least the first, whatever k is.
-        keep = k if append else max(min(k, self.depth) - self.slots, min(k, 1))
+        keep = k if append else max(min(k, self.depth) - self.slots, 0)
+        if keep == 0 and k <= self.slots:  # a request for fewer hits than the graph's slots
+            keep = min(k, 1)  # keeps the best hybrid hit (a depth of 0 or 1 puts it after)
         head = ranked[:keep]
         taken = {h.chunk.chunk_id for h in head}
         floor = min((h.score for h in head), default=0.0)

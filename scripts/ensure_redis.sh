@@ -6,8 +6,8 @@
 set -euo pipefail
 url=${RAGLINE_CACHE_REDIS_URL:-redis://127.0.0.1:6379/0}
 scheme=${url%%://*}
-hostport=${url#*://}; userinfo=""
-[[ "${hostport%%/*}" == *@* ]] && userinfo=${hostport%%@*}
+hostport=${url#*://}; hostport=${hostport%%/*}; userinfo=""
+[[ "$hostport" == *@* ]] && userinfo=${hostport%@*}  # up to the last @: a password may hold one
 hostport=${hostport##*@}; hostport=${hostport%%/*}; hostport=${hostport%%\?*}
 if [[ "$hostport" == \[*\]* ]]; then  # [::1]:6379
   host=${hostport#\[}; host=${host%%\]*}; rest=${hostport#*\]}; port=${rest#:}
@@ -63,8 +63,17 @@ if ! command -v redis-server >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
 mkdir -p var
-auth=()  # a password in the URL: the Redis started asks for it
-[[ "$userinfo" == *:* && -n "${userinfo#*:}" ]] && auth=(--requirepass "${userinfo#*:}")
+auth=()  # a password in the URL (percent-encoded there): the Redis started asks for it
+if [[ "$userinfo" == *:* && -n "${userinfo#*:}" ]]; then
+  user=${userinfo%%:*}
+  if [[ -n "$user" && "$user" != default ]]; then
+    echo "redis: RAGLINE_CACHE_REDIS_URL names the user '$user'; a Redis started here has only" \
+      "the default one: use redis://:PASSWORD@$hostport, or start your own Redis" >&2
+    exit 1
+  fi
+  password=${userinfo#*:}; password=${password//\\/\\\\}  # a backslash stays one
+  auth=(--requirepass "$(printf '%b' "${password//%/\\x}")")
+fi
 redis-server "${auth[@]}" --daemonize yes --bind "$host" --port "$port" --save "" --appendonly no \
   --dir "$(pwd)/var" --logfile "$(pwd)/var/redis.log"
 for _ in $(seq 1 50); do

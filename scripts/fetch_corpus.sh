@@ -3,11 +3,24 @@
 #   default: the R manuals of r-doc-pdf (7 PDFs, 677 pages), without the 2415-page refman
 #   FULL=1:  all of the eval corpus: + refman + 8 PDFs of texlive-publishers-doc (213 MB .deb)
 set -euo pipefail
-cd "$(dirname "$0")/.."
 dest=${1:-data/corpus}
+case "$dest" in /*) ;; *) dest="$PWD/$dest" ;; esac  # relative to where it was run from
+cd "$(dirname "$0")/.."
 full=${FULL:-0}
+case "$full" in 0|1) ;; *) echo "FULL=$full: 0 (the R manuals) or 1 (the whole eval corpus)" >&2; exit 2 ;; esac
 debs=data/debs
 mkdir -p "$dest" "$debs"
+
+whole() {  # every named PDF there and complete (a copy cut short has no %%EOF at its end)
+  local f
+  for f in "$@"; do
+    [ -f "$dest/$f" ] && tail -c 2048 "$dest/$f" | grep -q '%%EOF' || return 1
+  done
+}
+
+place() {  # copy through a temporary name: never a half-copied PDF under the real one
+  cp "$1" "$dest/.$(basename "$1").part" && mv "$dest/.$(basename "$1").part" "$dest/$(basename "$1")"
+}
 
 fetch() {  # package, sha256 of the .deb as recorded in the eval corpus manifest
   local pkg=$1 sha=$2 deb
@@ -23,21 +36,23 @@ fetch() {  # package, sha256 of the .deb as recorded in the eval corpus manifest
   rm -rf "$debs/$pkg" && dpkg-deb -x "$deb" "$debs/$pkg"
 }
 
-if [ ! -f "$dest/R-data.pdf" ] || { [ "$full" = 1 ] && [ ! -f "$dest/refman.pdf" ]; }; then
+manuals=(R-intro.pdf R-data.pdf R-admin.pdf R-exts.pdf R-FAQ.pdf R-ints.pdf R-lang.pdf)
+[ "$full" = 1 ] && manuals+=(refman.pdf)
+if ! whole "${manuals[@]}"; then
   fetch r-doc-pdf beb104ad5818d261f280a868294645ca31d7c63365f2c9a55aa3ca9aad5aa71d
-  for f in R-intro R-data R-admin R-exts R-FAQ R-ints R-lang; do
-    cp "$debs/r-doc-pdf/usr/share/R/doc/manual/$f.pdf" "$dest/"
-  done
   # fullrefman.pdf is a text-identical duplicate of refman.pdf: never both.
-  [ "$full" = 1 ] && cp "$debs/r-doc-pdf/usr/share/R/doc/manual/refman.pdf" "$dest/"
+  for f in "${manuals[@]}"; do
+    place "$debs/r-doc-pdf/usr/share/R/doc/manual/$f"
+  done
 fi
-if [ "$full" = 1 ] && [ ! -f "$dest/apssamp.pdf" ]; then
+samples=(acmart/samples/sample-sigconf.pdf tugboat/ltubguid.pdf elsarticle/elsdoc.pdf
+         aastex/sample631.pdf mnras/mnras_guide.pdf jacow/JACoW_LaTeX_A4.pdf
+         ieeetran/testflow_doc.pdf revtex/sample/aps/apssamp.pdf)
+if [ "$full" = 1 ] && ! whole "${samples[@]##*/}"; then
   fetch texlive-publishers-doc 9b632913d4b0d0871bef41c414fc7ce1167e3bacb55b140901df0c95df1c5765
   base="$debs/texlive-publishers-doc/usr/share/doc/texlive-doc/latex"
-  for p in acmart/samples/sample-sigconf.pdf tugboat/ltubguid.pdf elsarticle/elsdoc.pdf \
-           aastex/sample631.pdf mnras/mnras_guide.pdf jacow/JACoW_LaTeX_A4.pdf \
-           ieeetran/testflow_doc.pdf revtex/sample/aps/apssamp.pdf; do
-    cp "$base/$p" "$dest/"
+  for p in "${samples[@]}"; do
+    place "$base/$p"
   done
 fi
 rm -rf "$debs"/*/

@@ -487,12 +487,26 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return 2 if not written else 1 if report.count("failed") else 0
 
 
+def _json_request_log() -> None:
+    """The request log (``ragline.requests``) as one JSON object a line on stderr, as log
+    shippers read it, not behind the other lines' time and level (once per process)."""
+    requests = logging.getLogger("ragline.requests")
+    if any(getattr(h, "ragline_json", False) for h in requests.handlers):
+        return
+    plain = logging.StreamHandler()  # stderr as it is now: a later capture's, in a test
+    plain.setFormatter(logging.Formatter("%(message)s"))
+    plain.ragline_json = True  # type: ignore[attr-defined]
+    requests.addHandler(plain)
+    requests.propagate = False
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.cluster import exit_with_parent
     from services.server import serve
 
     exit_with_parent()  # a role of `ragline cluster` ends with it
     settings = _settings(args)  # a bad flag or variable: main's configuration error
+    _json_request_log()
     try:
         asyncio.run(serve(settings, exit_when_stopped=True))
     except (ValueError, ImportError) as exc:  # a configuration that must not serve: say why
@@ -1448,12 +1462,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose or args.command == "serve" else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command == "serve":  # the request log: one JSON object a line, as shippers read
-        requests = logging.getLogger("ragline.requests")
-        plain = logging.StreamHandler()
-        plain.setFormatter(logging.Formatter("%(message)s"))
-        requests.addHandler(plain)
-        requests.propagate = False
     from pydantic import ValidationError
 
     from ragline.errors import RaglineError

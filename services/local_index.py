@@ -251,15 +251,17 @@ class LocalIndex:
         index, and once after :meth:`warm_up`."""
         self._listeners.append(listener)
 
-    def _changed(self) -> None:
+    def _changed(self, strict: bool = False) -> None:
         """Tell the listeners. What they keep is derived from the index (the graph), which
         has changed whatever they say: a listener's failure (a full disk under the graph's
         files) is logged, never the request's, which did land; each catches up at its next
-        call."""
+        call. ``strict`` (the warm-up, where nothing landed): the failure is raised."""
         for listener in self._listeners:
             try:
                 listener()
             except Exception as exc:
+                if strict:
+                    raise
                 logger.error(
                     "the index is at generation %d, but %s failed to follow it (%s: %s); "
                     "it catches up at the next change or restart",
@@ -279,7 +281,7 @@ class LocalIndex:
             self.indexer.load()
         else:
             self.store.load()
-        self._changed()
+        self._changed(strict=True)  # a server whose graph cannot follow does not start
         if self.store.view.count() == 0:
             logger.warning(
                 "the index holds no documents: searches find nothing until PDFs are "

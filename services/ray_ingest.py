@@ -203,13 +203,16 @@ class RayEngine(Indexer[IndexBackend]):
             return
         import ray
 
-        # Ray Data logs its progress at INFO: the batch job's own bar (or -q) says it here.
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
-        if not ray.is_initialized():
+        started_here = not ray.is_initialized()
+        if started_here:
             if self.address:
                 ray.init(address=self.address, log_to_driver=False)
             else:
                 ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        # Ray Data logs its progress (at INFO, where stderr is no terminal): the batch job's
+        # own bar (or -q) says it here. Ray configures its loggers in init: set them after.
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
         by_path = {os.path.abspath(job.path): job for job in jobs}
         ds = ray.data.read_binary_files(sorted(by_path), include_paths=True)
         ds = ds.map_batches(
@@ -231,13 +234,18 @@ class RayEngine(Indexer[IndexBackend]):
             fn_constructor_kwargs={"specs": encoder_specs(self)},
         )
         seen = set()
-        for row in ds.iter_rows():
-            job = by_path[os.path.abspath(_local(row["path"]))]
-            seen.add(job.doc_id)
-            outcome: Parsed | str = pickle.loads(row["parsed"])
-            if not isinstance(outcome, str):
-                self._encoded[job.doc_id] = pickle.loads(row["encoded"])
-            yield job, outcome
+        try:
+            for row in ds.iter_rows():
+                job = by_path[os.path.abspath(_local(row["path"]))]
+                seen.add(job.doc_id)
+                outcome: Parsed | str = pickle.loads(row["parsed"])
+                if not isinstance(outcome, str):
+                    self._encoded[job.doc_id] = pickle.loads(row["encoded"])
+                yield job, outcome
+        except GeneratorExit:  # stopped (Ctrl-C): the parses and encodings still queued end
+            if started_here:  # now, not once Ray has worked through every document
+                ray.shutdown()
+            raise
         for job in jobs:  # a file Ray could not read at all
             if job.doc_id not in seen:
                 yield job, "Ray could not read the file"

@@ -93,7 +93,8 @@ def error_from_rpc(
             exc.details(),
         )
         return errors.RaglineError(
-            f"{stage} refused the gateway's own credentials: a deployment error, in its log"
+            f"{stage} refused the credentials of the ragline service calling it: a deployment "
+            "error, in that service's log"
         )
     if code is grpc.StatusCode.UNAUTHENTICATED:  # a local tool's own token: said as it is
         return errors.Unauthenticated(exc.details() or code.name)
@@ -129,6 +130,13 @@ def _status_of(exc: grpc.RpcError) -> Any:
         return rpc_status.from_call(exc)
     except ValueError:  # details that do not match the status: ignore them
         return None
+
+
+def _own_limit(cap_s: float) -> bool:
+    """Whether a stage's own limit ``cap_s``, not the current RPC's deadline, bounds a call
+    starting now (with no deadline, the limit does)."""
+    deadline = current_deadline.get()
+    return deadline is None or cap_s < deadline - time.monotonic()
 
 
 class StageClient:
@@ -184,29 +192,30 @@ class StageClient:
         """A unary call within the current deadline (and ``timeout_s``, default the
         client's)."""
         started = time.perf_counter()
+        cap_s = timeout_s or self.timeout_s
+        own_limit = _own_limit(cap_s)
         try:
-            reply = await getattr(self.stub, method)(
-                request, timeout=time_left(timeout_s or self.timeout_s)
-            )
+            reply = await getattr(self.stub, method)(request, timeout=time_left(cap_s))
         except grpc.aio.AioRpcError as exc:
             self._record(method, exc.code(), started)
-            raise self._error(exc, timeout_s or self.timeout_s) from exc
+            raise self._error(exc, cap_s if own_limit else None) from exc
         self._record(method, grpc.StatusCode.OK, started)
         return reply
 
-    def _error(self, exc: grpc.aio.AioRpcError, cap_s: float) -> errors.RaglineError:
-        """The error a failed call is to its caller: a stage that did not answer within its
-        own limit (``cap_s``) while the caller's deadline still runs is UNAVAILABLE (the
-        caller's deadline was not too short: the stage is stuck or overloaded)."""
-        deadline = current_deadline.get()
-        if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED and (
-            deadline is None or deadline - time.monotonic() > 0.05
-        ):
+    def _error(self, exc: grpc.aio.AioRpcError, own_limit_s: float | None) -> errors.RaglineError:
+        """The error a failed call is to its caller. ``own_limit_s``: the stage's own limit
+        when it, not the caller's deadline, bounded the call: a stage that did not answer
+        within it is UNAVAILABLE (the caller's deadline was not too short: the stage is stuck
+        or overloaded, and the caller has time to try again)."""
+        if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED and own_limit_s is not None:
             logger.warning(
-                "%s at %s did not answer within its %g s limit", self._where(), self.address, cap_s
+                "%s at %s did not answer within its %g s limit",
+                self._where(),
+                self.address,
+                own_limit_s,
             )
             return errors.Unavailable(
-                f"{self._where()}: did not answer within {cap_s:g} s, retry",
+                f"{self._where()}: did not answer within {own_limit_s:g} s, retry",
                 retry_after_s=RETRY_AFTER_S,
             )
         return error_from_rpc(exc, self._where(), self.address)
@@ -214,13 +223,18 @@ class StageClient:
     async def call_stream(self, method: str, request: Any) -> AsyncIterator[Any]:
         """A server-streaming call within the current deadline."""
         started = time.perf_counter()
+        own_limit = _own_limit(self.timeout_s)
         call = getattr(self.stub, method)(request, timeout=time_left(self.timeout_s))
+        answered = False
         try:
             async for reply in call:
+                answered = True
                 yield reply
         except grpc.aio.AioRpcError as exc:
             self._record(method, exc.code(), started)
-            raise self._error(exc, self.timeout_s) from exc
+            # a stream cut by the limit after it began was answering: no "did not answer"
+            limit = self.timeout_s if own_limit and not answered else None
+            raise self._error(exc, limit) from exc
         finally:
             call.cancel()  # a caller that stopped reading (cancelled) ends the stage's work
         self._record(method, grpc.StatusCode.OK, started)

@@ -365,21 +365,38 @@ async def _reload_loop(index: LocalIndex, interval_s: float) -> None:
             failing = said
 
 
-def check_index_dir(index_dir: Path) -> None:
-    """Make the index folder if it is missing and check it may be written, before a port
-    opens: a server that cannot write it would report SERVING and fail every ``Ingest``.
+def written_folders(settings: Settings) -> list[tuple[Path, str]]:
+    """The folders this process's role writes, with the settings that name them: the index
+    (roles ``all`` and ``retriever``, where it lives on disk: not with a Qdrant server URL)
+    and the graph (roles ``all`` and ``graph``, when it is on)."""
+    role, r = settings.server.role, settings.retriever
+    folders = []
+    if role in ("all", "retriever") and (r.backend == "local" or not r.qdrant_url):
+        folders.append((Path(r.index_dir), "RAGLINE_RETRIEVER_INDEX_DIR, --index-dir"))
+    if role in ("all", "graph") and settings.graph.enabled:
+        if settings.graph.dir is not None:
+            folders.append((Path(settings.graph.dir), "RAGLINE_GRAPH_DIR"))
+        else:
+            folders.append((Path(r.index_dir) / "graph", "RAGLINE_RETRIEVER_INDEX_DIR/graph"))
+    return folders
+
+
+def check_written_folder(folder: Path, setting: str) -> None:
+    """Make a folder the server writes if it is missing and check it may be written, before
+    a port opens: a server that cannot write it would report SERVING and fail every write
+    (``Ingest``, the graph's save).
 
     Raises:
-        ValueError: one line naming the folder and the reason.
+        ValueError: one line naming the folder, its setting and the reason.
     """
     try:
-        index_dir.mkdir(parents=True, exist_ok=True)
-        check_folder(index_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        check_folder(folder)
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(index_dir) else ""
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(folder) else ""
         raise ValueError(
-            f"the index folder {index_dir} (RAGLINE_RETRIEVER_INDEX_DIR, --index-dir) cannot be "
-            f"made or written: {exc.strerror or exc}{where}"
+            f"the folder {folder} ({setting}) cannot be made or written: "
+            f"{exc.strerror or exc}{where}"
         ) from None
 
 
@@ -413,8 +430,8 @@ async def start_server(
     """
     tokens = load_tokens(settings.server)
     check_exposure(settings.server, tokens)
-    if settings.server.role in ("all", "retriever"):  # the roles that write the index
-        check_index_dir(settings.retriever.index_dir)
+    for folder, name in written_folders(settings):
+        check_written_folder(folder, name)
     setup_tracing(settings.tracing, settings.server.role)
     gateway = gateway or build_gateway(settings)
     first, internal = _open_ports(settings, gateway, tokens)

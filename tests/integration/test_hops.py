@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from ragline import errors
-from ragline.v1 import ragline_pb2, ragline_pb2_grpc
+from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from services.client import open_channel
 from services.remote import RemoteRetriever
 from services.server import RunningServer, server_options
@@ -144,8 +144,6 @@ async def test_a_stage_client_passes_on_the_stages_refusals_and_deadlines(
         with pytest.raises(errors.Unavailable, match="did not answer within"):  # is stuck
             await slow.search("a question never cached before: 9f1c", 3, bypass_cache=True)
         await slow.close()
-        import time
-
         from services.deadlines import current_deadline
 
         token = current_deadline.set(time.monotonic() + 0.0001)  # the caller's own deadline
@@ -165,3 +163,49 @@ async def test_a_stage_client_passes_on_the_stages_refusals_and_deadlines(
     assert any("RetrieverService at 127.0.0.1:1" in r.getMessage() for r in caplog.records)
     assert down.value.retry_after_s is not None
     await unreachable.close()
+
+
+async def test_a_stream_cut_by_the_stages_limit_after_it_began_is_no_stage_down() -> None:
+    """The stage's own limit cut a stream that was answering: DEADLINE_EXCEEDED (the answer
+    is longer than the limit allows), not "did not answer, retry" — a retry would generate
+    the whole answer again. One that never began is UNAVAILABLE; the caller's own deadline,
+    when it is the bound, is DEADLINE_EXCEEDED."""
+    from services.cluster import free_port
+    from services.deadlines import current_deadline
+    from services.remote import RemoteGenerator
+
+    class Streaming(stages_pb2_grpc.GeneratorServiceServicer):
+        async def GenerateStream(self, request, context):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(float(request.query))  # the model loading, or stuck
+            for n in range(40):  # a long answer: a delta every 0.1 s
+                yield stages_pb2.GenerateStreamResponse(delta=f"weir{n} ")
+                await asyncio.sleep(0.1)
+
+    server = grpc.aio.server()
+    stages_pb2_grpc.add_GeneratorServiceServicer_to_server(Streaming(), server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    generator = RemoteGenerator(f"127.0.0.1:{port}", 1.0)
+
+    async def stream(delay: float) -> list[str]:
+        got: list[str] = []
+        request = stages_pb2.GenerateRequest(query=str(delay))
+        async for reply in generator.call_stream("GenerateStream", request):
+            got.append(reply.delta)
+        return got
+
+    try:
+        with pytest.raises(errors.DeadlineExceeded):
+            await stream(0.0)
+        with pytest.raises(errors.Unavailable, match="did not answer within 1 s"):
+            await stream(5.0)
+        token = current_deadline.set(time.monotonic() + 0.5)  # the caller's deadline binds
+        try:
+            with pytest.raises(errors.DeadlineExceeded):
+                await stream(5.0)
+        finally:
+            current_deadline.reset(token)
+    finally:
+        await generator.close()
+        await server.stop(0)

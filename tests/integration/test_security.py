@@ -1108,7 +1108,7 @@ async def test_a_stage_refusing_the_gateway_s_own_token_is_no_fault_of_the_calle
             await stage.close()
         assert err.value.code == "INTERNAL", (token, err.value)
         said = err.value.message
-        assert "refused the gateway's own credentials" in said
+        assert "refused the credentials of the ragline service calling it" in said
         assert "reader_all" not in said and "internal" not in said and "retry" not in said
     assert "'internal' scope" in caplog.text  # the operator's log says what to do
     stage = RemoteRetriever(address, 30, opener(tokens["internal_a"]))

@@ -69,7 +69,7 @@ def test_an_index_folder_that_cannot_be_made_is_refused_before_serving(
         RAGLINE_RETRIEVER_INDEX_DIR=str(tmp_path / "a-file" / "index"),
     )
     assert done.returncode == 2
-    assert "the index folder" in done.stderr and "cannot be made or written" in done.stderr
+    assert "(RAGLINE_RETRIEVER_INDEX_DIR, --index-dir) cannot be made or written" in done.stderr
     assert "Traceback" not in done.stderr
     assert "serving on" not in done.stderr
 

@@ -171,6 +171,19 @@ def test_missing_or_wrong_files_name_the_setting(certs: CertBundle, tmp_path: Pa
         server_credentials(certs.server.cert, certs.client.key)
     with pytest.raises(ValueError, match=r"tls client cert_file .*client\.pem .*: the key is not"):
         channel_credentials(certs.ca_cert, certs.client.cert, certs.server.key)
+    # a pair this OpenSSL's policy finds weak but gRPC serves with: not refused here
+    import subprocess
+
+    from services.tls import check_pair
+    from tests.certs import openssl
+
+    weak_key, weak_cert = tmp_path / "weak.key", tmp_path / "weak.pem"
+    subprocess.run(
+        [openssl(), "req", "-x509", "-newkey", "rsa:1024", "-nodes", "-keyout", weak_key,
+         "-out", weak_cert, "-days", "1", "-subj", "/CN=weir"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    check_pair(weak_cert, weak_key)
     # a device was read until memory ran out; a FIFO blocked the process
     fifo = tmp_path / "ca.fifo"
     os.mkfifo(fifo)

@@ -407,6 +407,13 @@ def test_a_request_for_fewer_hits_than_graph_slots_keeps_the_best_hybrid_hit() -
         assert used and len(fused) == k
         assert fused[0] == ranked[0]  # rank and score as retrieval gave them
         assert all(h.score == ranked[0].score for h in fused[1:])  # never a 0 below it
+    # asked for more than the slots, a depth under them still puts the graph's hits first
+    first = GraphPath(index, WalkConfig(), slots=2, depth=1)
+    fused, used = asyncio.run(
+        first.expand(question, ranked, 5, search, lambda ids: [every[i] for i in ids],
+                     lambda c: True)
+    )  # fmt: skip
+    assert used and fused[0].via and fused[1].via and fused[2] == ranked[0]
 
 
 def test_titles_a_text_names_are_found_as_a_search_of_every_title_finds_them() -> None:

@@ -894,3 +894,35 @@ def test_tracing_settings_that_cannot_work_name_the_variable(tmp_path: Path) -> 
     unwritable = TracingSettings(exporter="file", file=tmp_path / "plain" / "spans.jsonl")
     with pytest.raises(ValueError, match=r"RAGLINE_TRACING_FILE=.*spans\.jsonl: "):
         setup_tracing(unwritable, "gateway")
+
+
+def test_the_folders_a_role_must_write_are_checked_before_it_serves(tmp_path: Path) -> None:
+    from services.server import check_written_folder, written_folders
+    from services.settings import Settings
+
+    settings = Settings()
+    settings.retriever.index_dir = tmp_path / "index"
+    settings.graph.enabled = True
+
+    def named(role: str) -> list[str]:
+        settings.server.role = role  # type: ignore[assignment]
+        return [setting for _, setting in written_folders(settings)]
+
+    assert named("all") == [
+        "RAGLINE_RETRIEVER_INDEX_DIR, --index-dir",
+        "RAGLINE_RETRIEVER_INDEX_DIR/graph",
+    ]
+    assert named("retriever") == ["RAGLINE_RETRIEVER_INDEX_DIR, --index-dir"]
+    assert named("graph") == ["RAGLINE_RETRIEVER_INDEX_DIR/graph"]
+    assert named("generator") == named("credibility") == named("gateway") == []
+    settings.retriever.backend = "qdrant"
+    settings.retriever.qdrant_url = "http://qdrant.internal:6333"  # the index is not on disk
+    assert named("retriever") == []
+    settings.graph.dir = tmp_path / "graphs"
+    assert [f for f, _ in written_folders(settings)] == []  # role retriever: no graph
+    assert named("all") == ["RAGLINE_GRAPH_DIR"]
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"a-file/graph \(RAGLINE_GRAPH_DIR\) cannot be made"):
+        check_written_folder(tmp_path / "a-file" / "graph", "RAGLINE_GRAPH_DIR")
+    check_written_folder(tmp_path / "new" / "graph", "RAGLINE_GRAPH_DIR")
+    assert (tmp_path / "new" / "graph").is_dir()
