@@ -175,7 +175,7 @@ async def test_a_stream_cut_by_the_stages_limit_after_it_began_is_no_stage_down(
     from services.remote import RemoteGenerator
 
     class Streaming(stages_pb2_grpc.GeneratorServiceServicer):
-        async def GenerateStream(self, request, context):  # type: ignore[no-untyped-def]
+        async def GenerateStream(self, request, context):
             await asyncio.sleep(float(request.query))  # the model loading, or stuck
             for n in range(40):  # a long answer: a delta every 0.1 s
                 yield stages_pb2.GenerateStreamResponse(delta=f"weir{n} ")
