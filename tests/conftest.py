@@ -10,6 +10,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `ragline` sets it (ser
 
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -211,3 +212,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def full_width(text: str) -> str:
     """``text`` with its printable ASCII as full-width forms: NFKC folds them back."""
     return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
+def process_gone(pid: int, within_s: float = 5.0) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie its parent has not reaped)
+    within ``within_s`` seconds."""
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False

@@ -13,20 +13,9 @@ import psutil
 import pytest
 
 from services.cluster import free_port
+from tests.conftest import process_gone
 
 pytestmark = pytest.mark.integration
-
-
-def _gone(pid: int, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_ctrl_c_while_the_roles_start_exits_130_and_leaves_no_role(tmp_path: Path) -> None:
@@ -52,7 +41,7 @@ def test_ctrl_c_while_the_roles_start_exits_130_and_leaves_no_role(tmp_path: Pat
         assert cluster.wait(60) == 130
         assert cluster.stderr is not None
         assert "stopped before every role was serving" in cluster.stderr.read()
-        assert all(_gone(r.pid) for r in roles)
+        assert all(process_gone(r.pid) for r in roles)
     finally:
         if cluster.poll() is None:
             os.killpg(cluster.pid, signal.SIGKILL)

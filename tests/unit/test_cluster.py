@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from services.cluster import LocalCluster, RoleProcess, _client_settings
+from tests.conftest import process_gone
 
 pytestmark = pytest.mark.unit
 
@@ -30,18 +30,6 @@ def _role(tmp_path: Path, name: str, script: str) -> RoleProcess:
     return role
 
 
-def _gone(pid: int, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_stop_ends_what_a_killed_role_left_behind(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     role = _role(tmp_path, "generator", f"sleep 300 & echo $! > {pidfile}; wait")
@@ -53,9 +41,9 @@ def test_stop_ends_what_a_killed_role_left_behind(tmp_path: Path) -> None:
     assert role.process is not None
     role.process.kill()  # kill -9: the role cannot stop its child
     role.process.wait()
-    assert not _gone(child, 0.3)  # orphaned, still running
+    assert not process_gone(child, 0.3)  # orphaned, still running
     role.stop()
-    assert _gone(child)
+    assert process_gone(child)
 
 
 async def test_watch_ends_when_a_role_exits_and_names_it(tmp_path: Path) -> None:
@@ -107,10 +95,10 @@ def test_a_role_ends_when_the_cluster_that_started_it_dies(tmp_path: Path) -> No
         time.sleep(0.05)
     pid = int(pidfile.read_text())
     time.sleep(1.0)  # the role has asked for its parent's death signal
-    assert not _gone(pid, 0.2)
+    assert not process_gone(pid, 0.2)
     cluster.kill()  # kill -9: the cluster can stop nothing itself
     cluster.wait()
-    assert _gone(pid)
+    assert process_gone(pid)
 
 
 def test_roles_are_checked_with_the_client_side_of_the_tls_settings() -> None:

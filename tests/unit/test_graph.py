@@ -173,16 +173,23 @@ def _hits(chunks: Sequence[Chunk]) -> list[Hit]:
     return [Hit(c, 1.0 - i / 100) for i, c in enumerate(chunks)]
 
 
-def test_fused_hits_take_the_ranks_before_depth_and_respect_the_filter() -> None:
+def _world() -> tuple[GraphIndex, dict[str, Chunk], list[Hit]]:
+    """The three documents' graph, their chunks by id, and a hybrid ranking of three."""
     index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
     corpus = docs("hub", "bridge", "other")
     index.sync(corpus)
     every = {c.chunk_id: c for _, cs in corpus.values() for c in cs}
-    path = GraphPath(index, WalkConfig(), slots=1, depth=2)
-    ranked = _hits([every["other-00000"], every["hub-00000"], every["hub-00001"]])
+    return index, every, _hits([every["other-00000"], every["hub-00000"], every["hub-00001"]])
 
-    async def search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
-        return []
+
+async def _no_search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
+    return []
+
+
+def test_fused_hits_take_the_ranks_before_depth_and_respect_the_filter() -> None:
+    index, every, ranked = _world()
+    path = GraphPath(index, WalkConfig(), slots=1, depth=2)
+    search = _no_search
 
     def get(ids: Sequence[str]) -> list[Chunk]:
         return [every[i] for i in ids]
@@ -388,15 +395,9 @@ def test_a_question_of_many_sentences_searches_a_few_parts() -> None:
 
 
 def test_a_request_for_fewer_hits_than_graph_slots_keeps_the_best_hybrid_hit() -> None:
-    index = GraphIndex(GraphConfig(threshold=3, max_df=1.0))
-    corpus = docs("hub", "bridge", "other")
-    index.sync(corpus)
-    every = {c.chunk_id: c for _, cs in corpus.values() for c in cs}
+    index, every, ranked = _world()
     path = GraphPath(index, WalkConfig(), slots=2, depth=10)
-    ranked = _hits([every["other-00000"], every["hub-00000"], every["hub-00001"]])
-
-    async def search(text: str, k: int, doc_ids: tuple[str, ...] = ()) -> list[Hit]:
-        return []
+    search = _no_search
 
     question = "Where does plink.run log?"
     for k in (1, 2):
