@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import write_report  # noqa: E402
+from bench.report import check_report, write_report  # noqa: E402
 from retriever.backend import Filters, IndexBackend  # noqa: E402
 from retriever.qdrant_backend import QdrantBackend, QdrantMode  # noqa: E402
 from retriever.search import Retriever, SearchOptions  # noqa: E402
@@ -128,6 +128,7 @@ async def main() -> int:
     parser.add_argument("-k", type=int, default=10)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "backends.json")
     args = parser.parse_args()
+    check_report(args.out)  # before the run, not after it
 
     settings = Settings()
     settings.retriever.index_dir = args.index_dir

@@ -155,7 +155,6 @@ def main() -> int:
             "results": results,
         },
     )
-    print(f"\nwrote {out}")
     return 0
 
 

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.encode_device import COLUMNS, compare_to_first, recalls  # noqa: E402
-from bench.report import p50_ms, per_second, print_markdown, write_report  # noqa: E402
+from bench.report import check_report, p50_ms, per_second, print_markdown, write_report  # noqa: E402
 from ragline.types import Chunk  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
@@ -139,6 +139,7 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "encode.json")
     args = parser.parse_args()
+    check_report(args.out)  # before the run, not after it
 
     chunks = load_chunks(args.index_dir)
     by_id = {c.chunk_id: c for c in chunks}

@@ -32,7 +32,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import p50_ms, per_second, print_markdown, recall_at_10, write_report  # noqa: E402
+from bench.report import (  # noqa: E402
+    check_report,
+    p50_ms,
+    per_second,
+    print_markdown,
+    recall_at_10,
+    write_report,
+)
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.models import PACKAGED_MINILM, PACKAGED_SPLADE  # noqa: E402
 
@@ -156,6 +163,7 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "encode_device.json")
     args = parser.parse_args()
+    check_report(args.out)  # before the run, not after it
 
     unique, questions = load_passages(args.questions)
     if not unique:

@@ -395,6 +395,9 @@ def main() -> int:
     print(table(results, args.concurrency))
     for row in skipped:
         print(f"{row['backend']:<30} skipped: {row['skipped']}")
+    if not results:  # nothing measured: the last report stays
+        print("error: no backend ran: no report written", file=sys.stderr)
+        return 1
     write_report(
         Path(args.out),
         {
@@ -404,7 +407,7 @@ def main() -> int:
             "skipped": skipped,
         },
     )
-    return 0 if results else 1
+    return 0
 
 
 if __name__ == "__main__":

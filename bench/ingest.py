@@ -160,7 +160,6 @@ def main() -> int:
             "files": per_file,
         },
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -130,8 +130,8 @@ async def level(
         "workload": "miss" if miss else "hit",
         "requests": issued,
         "throughput_rps": round(len(latencies) / wall, 1),
-        "p50_ms": round(percentile(latencies, 0.5), 2),
-        "p99_ms": round(percentile(latencies, 0.99), 2),
+        "p50_ms": round(percentile(latencies, 0.5), 2) if latencies else None,
+        "p99_ms": round(percentile(latencies, 0.99), 2) if latencies else None,
         "failed": issued - len(latencies),
         "codes": dict(codes),
     }

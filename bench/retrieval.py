@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from bench import synthetic_dense, synthetic_sparse  # noqa: E402
-from bench.report import percentile, print_table, write_report  # noqa: E402
+from bench.report import check_report, percentile, print_table, write_report  # noqa: E402
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from retriever.encoders import prune_rows  # noqa: E402
 from retriever.indexer import Indexer  # noqa: E402
@@ -201,6 +201,7 @@ async def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "retrieval.json")
     args = parser.parse_args()
+    check_report(args.out)  # before the run, not after it
     if not (args.index_dir / "CURRENT").exists():
         raise SystemExit(f"no index at {args.index_dir}: run `make run` (or `make ingest`) first")
     questions = load_questions(args.questions, args.limit)

@@ -73,7 +73,7 @@ import redis  # noqa: E402
 from google.rpc import error_details_pb2  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
 
-from bench.report import percentile, print_table, write_report  # noqa: E402
+from bench.report import check_report, percentile, print_table, write_report  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
 
@@ -1155,4 +1155,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(parse_args())))
+    arguments = parse_args()
+    check_report(arguments.out)  # before the run, not after it
+    sys.exit(asyncio.run(main(arguments)))

@@ -129,7 +129,6 @@ def main() -> None:
             "runs": runs,
         },
     )
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

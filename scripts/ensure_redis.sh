@@ -64,15 +64,15 @@ if ! command -v redis-server >/dev/null; then
 fi
 mkdir -p var
 auth=()  # a password in the URL (percent-encoded there): the Redis started asks for it
+user=${userinfo%%:*}
+if [[ -n "$user" && "$user" != default ]]; then
+  echo "redis: RAGLINE_CACHE_REDIS_URL names the user '$user'; a Redis started here has only" \
+    "the default one: use redis://:PASSWORD@$hostport, or start your own Redis" >&2
+  exit 1
+fi
 if [[ "$userinfo" == *:* && -n "${userinfo#*:}" ]]; then
-  user=${userinfo%%:*}
-  if [[ -n "$user" && "$user" != default ]]; then
-    echo "redis: RAGLINE_CACHE_REDIS_URL names the user '$user'; a Redis started here has only" \
-      "the default one: use redis://:PASSWORD@$hostport, or start your own Redis" >&2
-    exit 1
-  fi
-  password=${userinfo#*:}; password=${password//\\/\\\\}  # a backslash stays one
-  auth=(--requirepass "$(printf '%b' "${password//%/\\x}")")
+  # decoded as redis-py decodes it (urllib.parse.unquote: a % without two hex digits stays)
+  auth=(--requirepass "$(python3 -c 'import sys, urllib.parse; print(urllib.parse.unquote(sys.argv[1]), end="")' "${userinfo#*:}")")
 fi
 redis-server "${auth[@]}" --daemonize yes --bind "$host" --port "$port" --save "" --appendonly no \
   --dir "$(pwd)/var" --logfile "$(pwd)/var/redis.log"

@@ -3,9 +3,10 @@
 #   default: the R manuals of r-doc-pdf (7 PDFs, 677 pages), without the 2415-page refman
 #   FULL=1:  all of the eval corpus: + refman + 8 PDFs of texlive-publishers-doc (213 MB .deb)
 set -euo pipefail
-dest=${1:-data/corpus}
-case "$dest" in /*) ;; *) dest="$PWD/$dest" ;; esac  # relative to where it was run from
+dest=${1:-}
+case "$dest" in /*|"") ;; *) dest="$PWD/$dest" ;; esac  # a folder named: where it was run
 cd "$(dirname "$0")/.."
+dest=${dest:-data/corpus}  # the default: the repository's
 full=${FULL:-0}
 case "$full" in 0|1) ;; *) echo "FULL=$full: 0 (the R manuals) or 1 (the whole eval corpus)" >&2; exit 2 ;; esac
 debs=data/debs
@@ -19,7 +20,9 @@ whole() {  # every named PDF there and complete (a copy cut short has no %%EOF a
 }
 
 place() {  # copy through a temporary name: never a half-copied PDF under the real one
-  cp "$1" "$dest/.$(basename "$1").part" && mv "$dest/.$(basename "$1").part" "$dest/$(basename "$1")"
+  local part
+  part="$dest/.$(basename "$1").part"
+  cp "$1" "$part" && mv "$part" "$dest/$(basename "$1")" || { rm -f "$part"; return 1; }
 }
 
 fetch() {  # package, sha256 of the .deb as recorded in the eval corpus manifest

@@ -381,7 +381,13 @@ def written_folders(settings: Settings) -> list[tuple[Path, str]]:
     return folders
 
 
-def check_written_folder(folder: Path, setting: str) -> None:
+def _makes_parents(setting: str, role: str) -> bool:
+    """The graph role reads an index folder another process writes: a mistyped one is an
+    error, never made empty under its graph folder."""
+    return not (role == "graph" and setting == "RAGLINE_RETRIEVER_INDEX_DIR/graph")
+
+
+def check_written_folder(folder: Path, setting: str, parents: bool = True) -> None:
     """Make a folder the server writes if it is missing and check it may be written, before
     a port opens: a server that cannot write it would report SERVING and fail every write
     (``Ingest``, the graph's save).
@@ -390,7 +396,7 @@ def check_written_folder(folder: Path, setting: str) -> None:
         ValueError: one line naming the folder, its setting and the reason.
     """
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=parents, exist_ok=True)
         check_folder(folder)
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(folder) else ""
@@ -431,7 +437,7 @@ async def start_server(
     tokens = load_tokens(settings.server)
     check_exposure(settings.server, tokens)
     for folder, name in written_folders(settings):
-        check_written_folder(folder, name)
+        check_written_folder(folder, name, _makes_parents(name, settings.server.role))
     setup_tracing(settings.tracing, settings.server.role)
     gateway = gateway or build_gateway(settings)
     first, internal = _open_ports(settings, gateway, tokens)

@@ -100,7 +100,8 @@ def test_a_url_without_a_port_number_is_refused(tmp_path: Path) -> None:
 def test_a_password_is_read_as_redis_clients_read_the_url(
     tmp_path: Path, ports: list[tuple[str, int]]
 ) -> None:
-    for password in ("sl%40uice", "we@ir", "k%25iln\\x"):  # encoded @, a bare @, a % and a \
+    # an encoded @, a bare @, an encoded % and a backslash, a % without two hex digits after it
+    for password in ("sl%40uice", "we@ir", "k%25iln\\x", "100%", "ab%4g"):
         port = free_port()
         ports.append(("127.0.0.1", port))
         url = f"redis://:{password}@127.0.0.1:{port}/0"
@@ -108,5 +109,6 @@ def test_a_password_is_read_as_redis_clients_read_the_url(
         assert done.returncode == 0, done.stderr
         assert redis.Redis.from_url(url).ping()  # the password redis-py sends is the one set
         redis.Redis.from_url(url).shutdown(nosave=True)
-    refused = ensure(f"redis://mill:kiln@127.0.0.1:{free_port()}/0", tmp_path)
-    assert refused.returncode == 1 and "names the user 'mill'" in refused.stderr
+    for named in ("mill:kiln", "mill"):  # a user name, with a password or without
+        refused = ensure(f"redis://{named}@127.0.0.1:{free_port()}/0", tmp_path)
+        assert refused.returncode == 1 and "names the user 'mill'" in refused.stderr

@@ -926,3 +926,6 @@ def test_the_folders_a_role_must_write_are_checked_before_it_serves(tmp_path: Pa
         check_written_folder(tmp_path / "a-file" / "graph", "RAGLINE_GRAPH_DIR")
     check_written_folder(tmp_path / "new" / "graph", "RAGLINE_GRAPH_DIR")
     assert (tmp_path / "new" / "graph").is_dir()
+    with pytest.raises(ValueError, match="No such file"):  # the graph role's index: not made
+        check_written_folder(tmp_path / "typo" / "graph", "x", parents=False)
+    assert not (tmp_path / "typo").exists()
