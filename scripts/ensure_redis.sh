@@ -21,7 +21,7 @@ if [[ "$scheme" != redis && "$scheme" != rediss ]]; then
   exit 0
 fi
 if ! [[ "$port" =~ ^[0-9]{1,5}$ ]]; then
-  echo "redis: RAGLINE_CACHE_REDIS_URL=$url: no port number in it" >&2
+  echo "redis: RAGLINE_CACHE_REDIS_URL ($scheme://$hostport): no port number in it" >&2
   exit 1
 fi
 

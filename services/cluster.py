@@ -211,7 +211,8 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        free = iter(free_ports(2 * len(self.roles)))
+        fixed = set(self.ports.values())  # never handed to another role as well
+        free = iter(p for p in free_ports(2 * len(self.roles) + len(fixed)) if p not in fixed)
         ports = {name: (self.ports.get(name) or next(free), next(free)) for name in self.roles}
         shared = dict(os.environ) | dict(self.env)
         shared.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -92,9 +92,9 @@ def test_a_redis_started_for_a_url_with_a_password_asks_for_it(
 
 
 def test_a_url_without_a_port_number_is_refused(tmp_path: Path) -> None:
-    done = ensure("redis://127.0.0.1:sixty/0", tmp_path)
+    done = ensure("redis://:sluice-secret@127.0.0.1:sixty/0", tmp_path)
     assert done.returncode == 1
-    assert "no port number" in done.stderr
+    assert "no port number" in done.stderr and "sluice-secret" not in done.stderr
 
 
 def test_a_password_is_read_as_redis_clients_read_the_url(
