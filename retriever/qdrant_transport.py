@@ -12,9 +12,11 @@ mapping is written once.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Sequence
@@ -78,15 +80,34 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+_ENVIRONMENT_ERRNOS = frozenset(
+    {
+        errno.EPERM,
+        errno.EACCES,
+        errno.ENFILE,
+        errno.EMFILE,
+        errno.EFBIG,
+        errno.ENOSPC,
+        errno.EROFS,
+        errno.EDQUOT,
+    }
+)
+"""Operating-system errors of the machine, not of the index (a full disk, a file-size or
+open-files limit, permissions): the index is fine once the cause is gone. Any other (a file
+of the index missing: ENOENT) is damage."""
+
+
 def _engine_error(path: Path, exc: Exception, failed: str = "failed") -> Exception:
     """The embedded engine's own error (a plain ``Exception``) as one line naming the index
-    folder, not a trace: the operating system's (a full disk, a file-size limit: the engine
-    ends its message with "(os error N)") as ``FailedPrecondition`` (the index is fine once
-    the cause is gone), any other (a damaged segment) as ``DataLoss``."""
+    folder, not a trace: the machine's (a full disk, a file-size limit: the engine ends its
+    message with "(os error N)", N in :data:`_ENVIRONMENT_ERRNOS`) as ``FailedPrecondition``
+    (the index is fine once the cause is gone), any other (a damaged segment, a file of the
+    index missing) as ``DataLoss``."""
     said = " ".join(str(exc).split()) or "no detail"
     if len(said) > 300:  # the cause comes last: keep the end
         said = f"{said[:100]} … {said[-200:]}"
-    if "os error" in said:
+    os_error = re.search(r"\(os error (\d+)\)", said)
+    if os_error is not None and int(os_error.group(1)) in _ENVIRONMENT_ERRNOS:
         return FailedPrecondition(
             f"the embedded Qdrant index at {path} could not be written or read "
             f"({said}): free the disk or lift the limit, then run it again"

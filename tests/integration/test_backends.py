@@ -417,6 +417,8 @@ def test_the_embedded_engine_s_errors_are_one_line_and_an_empty_shard_folder_sta
     assert isinstance(said, FailedPrecondition) and "os error 28" in str(said)
     said = _engine_error(tmp_path, Exception("bad\nsegment"), "cannot be opened")
     assert isinstance(said, DataLoss) and "cannot be opened (bad segment)" in str(said)
+    gone = Exception("`segment.json`: No such file or directory (os error 2)")
+    assert isinstance(_engine_error(tmp_path, gone), DataLoss)  # a file of the index: damage
     assert EdgeTransport.optimize.__wrapped__  # type: ignore[attr-defined]
 
     def full_disk(self: QdrantBackend) -> None:
