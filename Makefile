@@ -18,7 +18,7 @@ run: setup redis corpus ingest credibility serve
 
 ## test: install, start Redis if none answers, check generated code, lint, type-check, test
 test: setup redis proto-check lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 setup:
 	@RAGLINE_VENV="$(VENV)" scripts/setup.sh

@@ -77,11 +77,17 @@ START_TIMEOUT_S = 600.0
 """The longest a server may take to load its models and index."""
 
 
-def start_server(index_dir: Path, port: int, env: dict) -> tuple[subprocess.Popen, float]:
+def refuse_taken(port: int) -> None:
+    """Exit when another server answers on ``port``: its health would answer for ours, and
+    the figures would be another's."""
     from services.cluster import port_taken
 
-    if port_taken(port):  # its health would answer for this one: the figures, another's
+    if port_taken(port):
         raise SystemExit(f"error: port {port} is taken by another server: choose another")
+
+
+def start_server(index_dir: Path, port: int, env: dict) -> tuple[subprocess.Popen, float]:
+    refuse_taken(port)  # again: the ingest took minutes
     started = time.perf_counter()
     proc = subprocess.Popen(
         [
@@ -162,10 +168,7 @@ def main() -> int:
     check_report(args.out)  # before the run, not after it
     if not list(args.corpus.glob("*.pdf")):
         raise SystemExit(f"no PDFs in {args.corpus}: run `make corpus` first")
-    from services.cluster import port_taken
-
-    if port_taken(args.port):  # before the ingest: its health would answer for ours
-        raise SystemExit(f"error: port {args.port} is taken by another server: choose another")
+    refuse_taken(args.port)  # before the ingest, not after it
     questions = FALLBACK_QUESTIONS
     if args.questions.exists():
         rows = [json.loads(line) for line in args.questions.open() if line.strip()]

@@ -63,18 +63,24 @@ if ! command -v redis-server >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
 mkdir -p var
-auth=()  # a password in the URL (percent-encoded there): the Redis started asks for it
 user=${userinfo%%:*}
 if [[ -n "$user" && "$user" != default ]]; then
   echo "redis: RAGLINE_CACHE_REDIS_URL names the user '$user'; a Redis started here has only" \
     "the default one: use redis://:PASSWORD@$hostport, or start your own Redis" >&2
   exit 1
 fi
-if [[ "$userinfo" == *:* && -n "${userinfo#*:}" ]]; then
-  # decoded as redis-py decodes it (urllib.parse.unquote: a % without two hex digits stays)
-  auth=(--requirepass "$(python3 -c 'import sys, urllib.parse; print(urllib.parse.unquote(sys.argv[1]), end="")' "${userinfo#*:}")")
-fi
-redis-server "${auth[@]}" --daemonize yes --bind "$host" --port "$port" --save "" --appendonly no \
+# The configuration goes in on standard input (`redis-server -`), never on a command line
+# another user's `ps` shows: a password in the URL (percent-encoded there, decoded as
+# redis-py decodes it: urllib.parse.unquote, a % without two hex digits stays) is written
+# byte by byte as \xHH in a quoted string, so no character of it can end the line.
+password=""
+[[ "$userinfo" == *:* ]] && password=${userinfo#*:}
+RAGLINE_REDIS_PASSWORD=$password python3 -c '
+import os, urllib.parse
+p = urllib.parse.unquote(os.environ["RAGLINE_REDIS_PASSWORD"]).encode()
+if p:
+    print("requirepass \"" + "".join(f"\\x{b:02x}" for b in p) + "\"")
+' | redis-server - --daemonize yes --bind "$host" --port "$port" --save "" --appendonly no \
   --dir "$(pwd)/var" --logfile "$(pwd)/var/redis.log"
 for _ in $(seq 1 50); do
   if ping; then echo "redis: started at $host:$port"; exit 0; fi

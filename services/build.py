@@ -137,6 +137,11 @@ def default_options(settings: Settings, dense: bool) -> SearchOptions:
     )
 
 
+def graph_dir(settings: Settings) -> Path:
+    """Where the graph's files live: ``RAGLINE_GRAPH_DIR``, else ``graph`` in the index folder."""
+    return Path(settings.graph.dir or Path(settings.retriever.index_dir) / "graph")
+
+
 def build_graph_path(settings: Settings) -> GraphPath | None:
     """The selective graph and its query path (None when ``RAGLINE_GRAPH_ENABLED=false``).
     Light: the persisted graph is read here, brought in step with the index by
@@ -146,7 +151,7 @@ def build_graph_path(settings: Settings) -> GraphPath | None:
         return None
     index = GraphIndex(
         GraphConfig(threshold=g.threshold, max_df=g.max_df, parse=g.parse, label_top=g.neighbours),
-        Path(g.dir or Path(settings.retriever.index_dir) / "graph"),
+        graph_dir(settings),
     )
     return GraphPath(
         index,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ragline.errors import visible
-from ragline.files import check_writable, write_atomic
+from ragline.files import check_folder, check_writable, write_atomic
 from services.settings import (
     MAX_DEADLINE_S,
     Settings,
@@ -103,8 +103,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if settings.retriever.backend == "local":
         try:  # once, before any file is parsed and encoded for nothing
             index_dir.mkdir(parents=True, exist_ok=True)
-            if not os.access(index_dir, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "permission denied", str(index_dir))
+            check_folder(index_dir)
         except OSError as exc:
             print(f"error: cannot make the index folder {index_dir}: {_why(exc)}", file=sys.stderr)
             return 2

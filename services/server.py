@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 import psutil
@@ -34,7 +35,7 @@ from grpc_reflection.v1alpha import reflection
 from ragline.files import check_folder
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from services.auth import TokenRegistry
-from services.build import build_gateway
+from services.build import build_gateway, graph_dir
 from services.client import is_loopback
 from services.gateway import Gateway
 from services.interceptors import ServerInterceptor
@@ -365,26 +366,34 @@ async def _reload_loop(index: LocalIndex, interval_s: float) -> None:
             failing = said
 
 
-def written_folders(settings: Settings) -> list[tuple[Path, str]]:
-    """The folders this process's role writes, with the settings that name them: the index
-    (roles ``all`` and ``retriever``, where it lives on disk: not with a Qdrant server URL)
-    and the graph (roles ``all`` and ``graph``, when it is on)."""
+class WrittenFolder(NamedTuple):
+    """A folder a role writes: its path, the settings that name it, and whether missing
+    folders above it are made too."""
+
+    path: Path
+    setting: str
+    parents: bool = True
+
+
+def written_folders(settings: Settings) -> list[WrittenFolder]:
+    """The folders this process's role writes: the index (roles ``all`` and ``retriever``,
+    where it lives on disk: not with a Qdrant server URL) and the graph (roles ``all`` and
+    ``graph``, when it is on). The graph role reads an index folder another process writes:
+    a mistyped one is an error, never made empty above its graph folder."""
     role, r = settings.server.role, settings.retriever
     folders = []
     if role in ("all", "retriever") and (r.backend == "local" or not r.qdrant_url):
-        folders.append((Path(r.index_dir), "RAGLINE_RETRIEVER_INDEX_DIR, --index-dir"))
+        folders.append(WrittenFolder(Path(r.index_dir), "RAGLINE_RETRIEVER_INDEX_DIR, --index-dir"))
     if role in ("all", "graph") and settings.graph.enabled:
         if settings.graph.dir is not None:
-            folders.append((Path(settings.graph.dir), "RAGLINE_GRAPH_DIR"))
+            folders.append(WrittenFolder(graph_dir(settings), "RAGLINE_GRAPH_DIR"))
         else:
-            folders.append((Path(r.index_dir) / "graph", "RAGLINE_RETRIEVER_INDEX_DIR/graph"))
+            folders.append(
+                WrittenFolder(
+                    graph_dir(settings), "RAGLINE_RETRIEVER_INDEX_DIR/graph", role != "graph"
+                )
+            )
     return folders
-
-
-def _makes_parents(setting: str, role: str) -> bool:
-    """The graph role reads an index folder another process writes: a mistyped one is an
-    error, never made empty under its graph folder."""
-    return not (role == "graph" and setting == "RAGLINE_RETRIEVER_INDEX_DIR/graph")
 
 
 def check_written_folder(folder: Path, setting: str, parents: bool = True) -> None:
@@ -436,8 +445,8 @@ async def start_server(
     """
     tokens = load_tokens(settings.server)
     check_exposure(settings.server, tokens)
-    for folder, name in written_folders(settings):
-        check_written_folder(folder, name, _makes_parents(name, settings.server.role))
+    for folder in written_folders(settings):
+        check_written_folder(*folder)
     setup_tracing(settings.tracing, settings.server.role)
     gateway = gateway or build_gateway(settings)
     first, internal = _open_ports(settings, gateway, tokens)

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,19 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ensure_redis.sh"
 
 
 def ensure(url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"RAGLINE_CACHE_REDIS_URL": url}
+    """Run the script; the redis-server it starts goes through a wrapper that writes down its
+    command line (in ``cwd/argv``): what another user's ``ps`` shows while it starts."""
+    wrapper = cwd / "bin" / "redis-server"
+    if not wrapper.exists():
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        real = shutil.which("redis-server")
+        assert real, "redis-server is not installed"
+        wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{cwd}/argv"\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+    env = os.environ | {
+        "RAGLINE_CACHE_REDIS_URL": url,
+        "PATH": f"{wrapper.parent}:{os.environ['PATH']}",
+    }
     return subprocess.run(
         ["bash", str(SCRIPT)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
     )
@@ -108,6 +121,9 @@ def test_a_password_is_read_as_redis_clients_read_the_url(
         done = ensure(url, tmp_path)
         assert done.returncode == 0, done.stderr
         assert redis.Redis.from_url(url).ping()  # the password redis-py sends is the one set
+        command_line = (tmp_path / "argv").read_text()  # what `ps` showed anyone
+        assert "requirepass" not in command_line
+        assert urllib.parse.unquote(password) not in command_line
         redis.Redis.from_url(url).shutdown(nosave=True)
     for named in ("mill:kiln", "mill"):  # a user name, with a password or without
         refused = ensure(f"redis://{named}@127.0.0.1:{free_port()}/0", tmp_path)

@@ -906,7 +906,7 @@ def test_the_folders_a_role_must_write_are_checked_before_it_serves(tmp_path: Pa
 
     def named(role: str) -> list[str]:
         settings.server.role = role  # type: ignore[assignment]
-        return [setting for _, setting in written_folders(settings)]
+        return [f.setting for f in written_folders(settings)]
 
     assert named("all") == [
         "RAGLINE_RETRIEVER_INDEX_DIR, --index-dir",
@@ -914,12 +914,13 @@ def test_the_folders_a_role_must_write_are_checked_before_it_serves(tmp_path: Pa
     ]
     assert named("retriever") == ["RAGLINE_RETRIEVER_INDEX_DIR, --index-dir"]
     assert named("graph") == ["RAGLINE_RETRIEVER_INDEX_DIR/graph"]
+    assert not written_folders(settings)[0].parents  # the index folder: another role's
     assert named("generator") == named("credibility") == named("gateway") == []
     settings.retriever.backend = "qdrant"
     settings.retriever.qdrant_url = "http://qdrant.internal:6333"  # the index is not on disk
     assert named("retriever") == []
     settings.graph.dir = tmp_path / "graphs"
-    assert [f for f, _ in written_folders(settings)] == []  # role retriever: no graph
+    assert written_folders(settings) == []  # role retriever: no graph
     assert named("all") == ["RAGLINE_GRAPH_DIR"]
     (tmp_path / "a-file").write_text("not a folder")
     with pytest.raises(ValueError, match=r"a-file/graph \(RAGLINE_GRAPH_DIR\) cannot be made"):
