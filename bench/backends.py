@@ -34,7 +34,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import check_report, write_report  # noqa: E402
+from bench.report import check_report, positive, write_report  # noqa: E402
 from retriever.backend import Filters, IndexBackend  # noqa: E402
 from retriever.qdrant_backend import QdrantBackend, QdrantMode  # noqa: E402
 from retriever.search import Retriever, SearchOptions  # noqa: E402
@@ -84,7 +84,7 @@ async def run_mode(
         "mode": mode,
         "search_p50_ms": round(percentile(search_ms, 0.5), 3),
         "search_p99_ms": round(percentile(search_ms, 0.99), 3),
-        "recall_at_10": round(found / len(questions), 4),
+        "recall_at_k": round(found / len(questions), 4),
     }
 
 
@@ -109,7 +109,7 @@ def server_side_rrf(
         "mode": "hybrid, Qdrant's prefetch + RRF",
         "search_p50_ms": round(percentile(times, 0.5), 3),
         "search_p99_ms": round(percentile(times, 0.99), 3),
-        "recall_at_10": round(found / len(questions), 4),
+        "recall_at_k": round(found / len(questions), 4),
     }
 
 
@@ -125,7 +125,9 @@ async def main() -> int:
     parser.add_argument(
         "--questions", type=Path, default=ROOT.parent / "shared" / "eval" / "dev.jsonl"
     )
-    parser.add_argument("-k", type=int, default=10)
+    parser.add_argument(
+        "-k", type=positive, default=10, help="passages per question; recall is at this k (10)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "backends.json")
     args = parser.parse_args()
     check_report(args.out)  # before the run, not after it
@@ -199,12 +201,12 @@ async def main() -> int:
             backend.close()
 
     print(f"\n{n_chunks} chunks, {len(questions)} answerable questions, k={args.k}")
-    print("| backend | mode | search p50 | search p99 | R@10 |")
+    print(f"| backend | mode | search p50 | search p99 | R@{args.k} |")
     print("|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['backend']} | {row['mode']} | {row['search_p50_ms']} ms | "
-            f"{row['search_p99_ms']} ms | {row['recall_at_10']} |"
+            f"{row['search_p99_ms']} ms | {row['recall_at_k']} |"
         )
     print(f"build (copy of the encoded rows): {builds}; memory: {memory}")
     report = {

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from bench.report import check_report, write_report  # noqa: E402
+from bench.report import check_report, positive, write_report  # noqa: E402
 from credibility import calibration  # noqa: E402
 from credibility.lexical import chunk_context  # noqa: E402
 from credibility.model import PairClassifier  # noqa: E402
@@ -63,11 +63,11 @@ def main() -> int:
         "--index-dir", default=os.environ.get("RAGLINE_RETRIEVER_INDEX_DIR") or "var/index"
     )
     parser.add_argument("--questions", default=str(ROOT.parent / "shared/eval/dev.jsonl"))
-    parser.add_argument("--limit", type=int, default=40, help="questions timed")
-    parser.add_argument("--passages", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=2, help="passes over the questions")
+    parser.add_argument("--limit", type=positive, default=40, help="questions timed")
+    parser.add_argument("--passages", type=positive, default=20)
+    parser.add_argument("--repeats", type=positive, default=2, help="passes over the questions")
     parser.add_argument("--lengths", default="128,192,256")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=positive, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench/out/credibility.json"))
     args = parser.parse_args()
     check_report(Path(args.out))  # before the run, not after it

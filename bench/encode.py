@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.encode_device import COLUMNS, compare_to_first, recalls  # noqa: E402
-from bench.report import check_report, p50_ms, per_second, print_markdown, write_report  # noqa: E402
+from bench.report import check_report, p50_ms, per_second, positive, print_markdown, write_report  # noqa: E402
 from ragline.types import Chunk  # noqa: E402
 from retriever.encoders import DenseEncoder, SpladeEncoder  # noqa: E402
 from retriever.encoders.lazy import EncodeDtype, cpu_has_bf16  # noqa: E402
@@ -131,9 +131,9 @@ def main() -> int:
         type=Path,
         default=Path(os.environ.get("RAGLINE_RETRIEVER_INDEX_DIR") or ROOT / "var" / "index"),
     )
-    parser.add_argument("--sample", type=int, default=256, help="chunks to encode per variant")
-    parser.add_argument("--batch-size", type=int, default=16, help="passages per batch")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--sample", type=positive, default=256, help="chunks to encode per variant")
+    parser.add_argument("--batch-size", type=positive, default=16, help="passages per batch")
+    parser.add_argument("--threads", type=positive, default=2, help="torch threads")
     parser.add_argument(
         "--questions", default=str(ROOT / "data" / "credibility" / "*.jsonl"), help="glob"
     )

@@ -36,6 +36,7 @@ from bench.report import (  # noqa: E402
     check_report,
     p50_ms,
     per_second,
+    positive,
     print_markdown,
     recall_at_10,
     write_report,
@@ -154,10 +155,12 @@ def main() -> int:
         default="cuda" if torch.cuda.is_available() else "cpu",
         help="cuda, cuda:N or cpu (default: cuda where torch sees one)",
     )
-    parser.add_argument("--passages", type=int, default=4096, help="passages timed per variant")
-    parser.add_argument("--cpu-passages", type=int, default=512, help="… on the CPU reference")
+    parser.add_argument(
+        "--passages", type=positive, default=4096, help="passages timed per variant"
+    )
+    parser.add_argument("--cpu-passages", type=positive, default=512, help="… on the CPU reference")
     parser.add_argument("--batch-sizes", default="32,128", help="comma-separated, on the device")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (CPU reference)")
+    parser.add_argument("--threads", type=positive, default=2, help="torch threads (CPU reference)")
     parser.add_argument(
         "--questions", default=str(ROOT / "data" / "credibility" / "*.jsonl"), help="glob"
     )

@@ -1,6 +1,6 @@
 """Benchmark PDF parsing + chunking (no encoding): pages/s and peak RSS, by configuration.
 
-    python bench/ingest.py [FOLDER ...] [--workers 1,2] [--repeat 1]
+    python bench/ingest.py [FOLDER ...] [--workers 1,2] [--out FILE]
     (default folders: data/corpus and data/corpus-full, deduplicated by file name)
 
 Each configuration runs the real batch job (``ingest.batch.run_batch``: worker processes,
@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import check_report, write_report  # noqa: E402
+from bench.report import check_report, positives, write_report  # noqa: E402
 from ingest.batch import parse_document, run_batch  # noqa: E402
 from ingest.pdf import PdfLimits  # noqa: E402
 from ragline.types import Chunk, Held  # noqa: E402
@@ -72,7 +72,9 @@ def main() -> int:
         type=Path,
         default=[ROOT / "data" / "corpus", ROOT / "data" / "corpus-full"],
     )
-    parser.add_argument("--workers", default="1,2", help="worker counts to run with tables on")
+    parser.add_argument(
+        "--workers", type=positives, default=[1, 2], help="worker counts to run with tables on"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "ingest.json")
     args = parser.parse_args()
     check_report(Path(args.out))  # before the run, not after it
@@ -84,9 +86,7 @@ def main() -> int:
     if not files:
         raise SystemExit("no PDFs found: run `make corpus` (FULL=1 for the texlive papers)")
 
-    configs = [("tables off", False, 1)] + [
-        ("tables on", True, int(w)) for w in args.workers.split(",")
-    ]
+    configs = [("tables off", False, 1)] + [("tables on", True, w) for w in args.workers]
     runs: list[dict[str, Any]] = []
     for label, tables, workers in configs:
         sink = CountingSink()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import grpc  # noqa: E402
 
-from bench.report import check_report, percentile, print_table, write_report  # noqa: E402
+from bench.report import check_report, percentile, positive, positives, print_table, write_report  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
 
@@ -312,11 +312,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--questions", type=Path, default=ROOT.parent / "shared" / "eval" / "dev.jsonl"
     )
-    parser.add_argument(
-        "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 128]
-    )
-    parser.add_argument("--requests", type=int, default=400, help="cache hits per level")
-    parser.add_argument("--miss-requests", type=int, default=64, help="cache misses per level")
+    parser.add_argument("--concurrency", type=positives, default=[1, 8, 32, 128])
+    parser.add_argument("--requests", type=positive, default=400, help="cache hits per level")
+    parser.add_argument("--miss-requests", type=positive, default=64, help="cache misses per level")
     parser.add_argument("--hop-questions", type=int, default=40)
     parser.add_argument(
         "--modes",
@@ -324,7 +322,7 @@ def parse_args() -> argparse.Namespace:
         default=["one", "split"],
         help="one (every stage in one process) and/or split (a process per role), comma-separated",
     )
-    parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("-k", type=positive, default=10)
     return parser.parse_args()
 
 

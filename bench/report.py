@@ -72,6 +72,25 @@ def print_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, 
         print("| " + " | ".join(str(row[k]) for k, _ in columns) + " |")
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count, a k, a number of threads),
+    refused in one line by argparse otherwise, never a traceback halfway through a run."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    return value
+
+
+def positives(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers of at least 1 (``1,8,32``)."""
+    return [positive(part.strip()) for part in text.split(",")]
+
+
 def check_report(path: Path) -> None:
     """Refuse, before a (long) run, a report path the run could not write at its end: a
     folder, a link or device, a parent that is a file or may not be written, a link to

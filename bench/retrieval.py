@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import grpc  # noqa: E402
 
 from bench import synthetic_dense, synthetic_sparse  # noqa: E402
-from bench.report import check_report, percentile, print_table, write_report  # noqa: E402
+from bench.report import check_report, percentile, positive, print_table, write_report  # noqa: E402
 from ragline.v1 import common_pb2, ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from retriever.encoders import prune_rows  # noqa: E402
 from retriever.indexer import Indexer  # noqa: E402
@@ -192,7 +192,7 @@ async def main() -> int:
         "--questions", type=Path, default=ROOT.parent / "shared" / "eval" / "dev.jsonl"
     )
     parser.add_argument("--limit", type=int, default=0, help="only the first N questions")
-    parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("-k", type=positive, default=10)
     parser.add_argument(
         "--synthetic",
         type=int,

@@ -27,7 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import check_report, percentile, print_table, write_report  # noqa: E402
+from bench.report import check_report, percentile, positive, print_table, write_report  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.auth import new_token  # noqa: E402
 from services.build import build_gateway, build_local_indexer  # noqa: E402
@@ -139,9 +139,9 @@ def main() -> int:
     parser.add_argument(
         "--questions", type=Path, default=ROOT.parent / "shared" / "eval" / "dev.jsonl"
     )
-    parser.add_argument("--limit", type=int, default=60, help="questions asked per config")
-    parser.add_argument("--tokens", type=int, default=50, help="entries in the token registry")
-    parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("--limit", type=positive, default=60, help="questions asked per config")
+    parser.add_argument("--tokens", type=positive, default=50, help="entries in the token registry")
+    parser.add_argument("-k", type=positive, default=10)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "security.json")
     args = parser.parse_args()
     check_report(args.out)  # before the run, not after it

@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import check_report, write_report  # noqa: E402
+from bench.report import check_report, positive, write_report  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 
 FALLBACK_QUESTIONS = [
@@ -161,7 +161,7 @@ def main() -> int:
     )
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
     parser.add_argument("--questions", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
-    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--k", type=positive, default=10)
     parser.add_argument("--port", type=int, default=50561)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "slice.json")
     args = parser.parse_args()

@@ -73,7 +73,7 @@ import redis  # noqa: E402
 from google.rpc import error_details_pb2  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
 
-from bench.report import check_report, percentile, print_table, write_report  # noqa: E402
+from bench.report import check_report, percentile, positive, print_table, write_report  # noqa: E402
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc  # noqa: E402
 from services.cluster import LocalCluster  # noqa: E402
 
@@ -1082,13 +1082,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     run.add_argument("--start-timeout", type=float, default=300, help="seconds to SERVING")
     corpus = parser.add_argument_group("the generated corpus")
-    corpus.add_argument("--docs", type=int, default=12, help="seed documents")
-    corpus.add_argument("--pages", type=int, default=3, help="pages per seed document")
-    corpus.add_argument("--facts-per-page", type=int, default=3, help="facts on each page")
+    corpus.add_argument("--docs", type=positive, default=12, help="seed documents")
+    corpus.add_argument("--pages", type=positive, default=3, help="pages per seed document")
+    corpus.add_argument("--facts-per-page", type=positive, default=3, help="facts on each page")
     corpus.add_argument("--seed", type=int, default=7, help="random seed: corpus and questions")
     soak_group = parser.add_argument_group("the soak")
     soak_group.add_argument("--duration", type=float, default=120, help="soak seconds")
-    soak_group.add_argument("--concurrency", type=int, default=8, help="Retrieve callers")
+    soak_group.add_argument("--concurrency", type=positive, default=8, help="Retrieve callers")
     soak_group.add_argument("--answer-concurrency", type=int, default=2, help="Answer callers")
     soak_group.add_argument(
         "--ingest-every", type=float, default=10, help="seconds between uploads (0 = no churn)"
@@ -1102,7 +1102,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     soak_group.add_argument(
         "--hit-share", type=float, default=0.6, help="share of Retrieves asking a hot question"
     )
-    soak_group.add_argument("-k", type=int, default=10, help="passages per Retrieve")
+    soak_group.add_argument("-k", type=positive, default=10, help="passages per Retrieve")
     soak_group.add_argument(
         "--answer-tokens", type=int, default=0, help="max_new_tokens per Answer (0 = server's)"
     )

@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import check_report, write_report  # noqa: E402
+from bench.report import check_report, positive, write_report  # noqa: E402
 from retriever.hnsw import HnswIndex  # noqa: E402
 
 DIM = 384
@@ -193,10 +193,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--n", type=int, default=100_000, help="vectors in the index")
-    parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--k", type=int, default=10)
-    parser.add_argument("--ef", type=int, nargs="+", default=[16, 32, 64, 128])
+    parser.add_argument("--n", type=positive, default=100_000, help="vectors in the index")
+    parser.add_argument("--queries", type=positive, default=200)
+    parser.add_argument("--k", type=positive, default=10)
+    parser.add_argument("--ef", type=positive, nargs="+", default=[16, 32, 64, 128])
     parser.add_argument("--no-filters", action="store_true", help="skip the filtered searches")
     parser.add_argument("--encoder", action="store_true", help="also time the MiniLM encoder")
     parser.add_argument("--out", type=Path, default=ROOT / "var" / "bench" / "synthetic_dense.json")

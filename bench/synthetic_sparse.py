@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `ragline` / `retriever` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.report import check_report, write_report  # noqa: E402
+from bench.report import check_report, positive, write_report  # noqa: E402
 from ragline.types import SparseVector  # noqa: E402
 from retriever.seismic_index import SeismicSparseIndex  # noqa: E402
 from retriever.sparse_index import ExactSparseIndex, SparseIndex  # noqa: E402
@@ -237,9 +237,9 @@ def _print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=100_000, help="documents in the corpus")
-    parser.add_argument("--queries", type=int, default=200, help="queries to time")
-    parser.add_argument("--k", type=int, default=10, help="results per query")
+    parser.add_argument("--docs", type=positive, default=100_000, help="documents in the corpus")
+    parser.add_argument("--queries", type=positive, default=200, help="queries to time")
+    parser.add_argument("--k", type=positive, default=10, help="results per query")
     args = parser.parse_args(argv)
     check_report(OUT)  # before the run, not after it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

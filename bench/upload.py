@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.report import check_report, write_report  # noqa: E402
+from bench.report import check_report, positive, write_report  # noqa: E402
 from services.server import start_server  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
@@ -84,8 +84,8 @@ async def one_run(pdfs: list[Path], jobs: int, folder: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pdfs", type=Path, nargs="+", default=None)
-    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--jobs", type=positive, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=positive, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "upload.json")
     args = parser.parse_args()
     check_report(Path(args.out))  # before the run, not after it

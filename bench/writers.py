@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import pymupdf  # noqa: E402
 
-from bench.report import check_report, write_report  # noqa: E402
+from bench.report import check_report, positive, write_report  # noqa: E402
 from services.build import build_gateway  # noqa: E402
 from services.settings import Settings  # noqa: E402
 
@@ -77,7 +77,7 @@ async def one_run(pdf: Path, folder: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pdf", type=Path, default=ROOT / "data" / "corpus" / "R-intro.pdf")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=positive, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "writers.json")
     args = parser.parse_args()
     check_report(Path(args.out))  # before the run, not after it

@@ -65,3 +65,19 @@ def test_the_load_bench_takes_only_its_modes() -> None:
     assert _modes("one,split") == ["one", "split"]
     with pytest.raises(argparse.ArgumentTypeError, match="unknown mode 'spilt'"):
         _modes("one,spilt")
+
+
+def test_counts_below_one_are_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A k, a thread count or a number of requests of 0 (or a word) stops at the command line,
+    not as a division by zero or an empty table after minutes of setup."""
+    from bench.report import positive
+
+    parser = argparse.ArgumentParser(prog="bench")
+    parser.add_argument("-k", type=positive, default=10)
+    assert parser.parse_args(["-k", "3"]).k == 3
+    for bad, said in (("0", "0 must be 1 or more"), ("-2", "-2 must be"), ("ten", "'ten' is not")):
+        with pytest.raises(SystemExit) as stopped:
+            parser.parse_args(["-k", bad])
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
