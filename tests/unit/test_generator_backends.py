@@ -15,7 +15,7 @@ import pytest
 from generator.buckets import parse_buckets
 from generator.models import PACKAGED_SMOLLM2, choose_backend, resolve_vllm_model
 from generator.openai_backend import OpenAIBackend
-from ragline.errors import FailedPrecondition, Unavailable
+from ragline.errors import FailedPrecondition, RaglineError, ResourceExhausted, Unavailable
 
 pytestmark = pytest.mark.unit
 
@@ -32,9 +32,12 @@ def _sse(*texts: str) -> bytes:
 
 
 class FakeServer:
-    """Answers each POST with the next (status, body) in ``replies``; records the requests."""
+    """Answers each POST with the next (status, body) or (status, body, headers) in
+    ``replies``; records the requests."""
 
-    def __init__(self, replies: list[tuple[int, bytes]]) -> None:
+    def __init__(
+        self, replies: list[tuple[int, bytes] | tuple[int, bytes, dict[str, str]]]
+    ) -> None:
         self.replies = replies
         self.requests: list[dict[str, object]] = []
         self.server: asyncio.Server | None = None
@@ -46,10 +49,12 @@ class FakeServer:
             if line.lower().startswith("content-length:"):
                 length = int(line.split(":", 1)[1])
         self.requests.append(json.loads(await reader.readexactly(length)))
-        status, body = self.replies.pop(0)
-        kind = "text/event-stream" if status == 200 else "application/json"
+        status, body, *more = self.replies.pop(0)
+        headers = {"Content-Type": "text/event-stream" if status == 200 else "application/json"}
+        headers |= more[0] if more else {}
+        fields = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         writer.write(
-            f"HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
+            f"HTTP/1.1 {status} X\r\n{fields}Content-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n".encode()
             + body
         )
@@ -109,6 +114,69 @@ async def test_a_4xx_is_not_retried() -> None:
             await _collect(backend.stream(MESSAGES, 4))
         await backend.aclose()
     assert len(fake.requests) == 1
+
+
+async def test_what_an_openai_server_sends_is_read_as_untrusted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Garbage, other JSON shapes, a redirect, a proxy's page, a cut stream, a key echoed in a
+    refusal: each a clear status (retried first where retrying may help), never a traceback,
+    never an empty answer passed off as INSUFFICIENT_INFO, never the server's words sent on."""
+    good = _sse("fine")
+    cases: list[
+        tuple[tuple[int, bytes] | tuple[int, bytes, dict[str, str]], type[RaglineError], str]
+    ] = [
+        ((200, b"data: <html>oops</html>\n\n"), Unavailable, "not JSON"),
+        ((200, b"data: [1, 2]\n\n"), Unavailable, "not a JSON object"),
+        ((200, b'data: "error"\n\n'), Unavailable, "not a JSON object"),
+        ((200, b'data: {"choices": ["x"]}\n\n'), Unavailable, "not {delta"),
+        ((200, b'data: {"choices": [{"delta": {"content": 7}}]}\n\n'), Unavailable, "not {delta"),
+        ((200, b'data: {"choices": {"a": 1}}\n\n'), Unavailable, "not a list"),
+        ((200, b'data: {"choices": []}\n\n'), Unavailable, "before \\[DONE\\]"),
+        ((200, b"<html>sign in</html>", {"Content-Type": "text/html"}), Unavailable, "text/html"),
+        ((200, b"data: " + b"x" * (1 << 21) + b"\n\n"), Unavailable, "a line over"),
+        ((307, b"", {"Location": "https://elsewhere/v1"}), FailedPrecondition, "elsewhere"),
+        ((401, b'{"error": "Incorrect API key provided: sk-kiln-77"}'), FailedPrecondition, "401"),
+        ((429, b"{}", {"Retry-After": "7"}), ResourceExhausted, "busy"),
+    ]
+    for reply, error, said in cases:
+        retried = error is Unavailable and reply[0] == 200
+        fake = FakeServer([reply, reply] if retried else [reply, (200, good)])
+        async with fake as url:
+            backend = OpenAIBackend(url, "m", retries=1 if retried else 0, backoff_s=0.01)
+            with pytest.raises(error, match=said) as raised:
+                await _collect(backend.stream(MESSAGES, 8))
+            await backend.aclose()
+        assert "sk-kiln-77" not in raised.value.message
+        assert len(fake.requests) == (2 if retried else 1), reply[:1]
+        if error is ResourceExhausted:
+            assert raised.value.retry_after_s == 7.0
+    assert "sk-kiln-77" in caplog.text  # the refusal's body: in the server's log only
+
+
+async def test_a_stream_cut_or_running_past_max_tokens_is_broken() -> None:
+    cut = _sse("half an ").removesuffix(b"data: [DONE]\n\n")
+    fake = FakeServer([(200, _sse(*["word " * 40] * 20)), (200, cut)])
+    async with fake as url:
+        backend = OpenAIBackend(url, "m", retries=0)
+        with pytest.raises(Unavailable, match="stream broke: sent more than 1088 characters"):
+            await _collect(backend.stream(MESSAGES, 1))
+        with pytest.raises(Unavailable, match="stream broke: the stream ended before"):
+            await _collect(backend.stream(MESSAGES, 8))
+        await backend.aclose()
+
+
+async def test_a_password_in_the_base_url_is_never_shown() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = OpenAIBackend(f"http://ops:Kiln-Pass@127.0.0.1:{port}", "m", retries=0)
+    with pytest.raises(Unavailable) as raised:
+        await _collect(backend.stream(MESSAGES, 4))
+    await backend.aclose()
+    assert (
+        "Kiln-Pass" not in raised.value.message and f"127.0.0.1:{port}/v1" in raised.value.message
+    )
 
 
 async def test_an_unreachable_server_is_unavailable_after_the_retries() -> None:
