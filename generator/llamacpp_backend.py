@@ -297,16 +297,16 @@ class LlamaCppBackend:
         await self.admission.acquire()
         loop = asyncio.get_running_loop()
         try:
-            work = loop.run_in_executor(
-                executor, lambda: self.complete(messages, 1, top_logprobs=TOP_LOGPROBS)
-            )
+            work = executor.submit(self.complete, messages, 1, top_logprobs=TOP_LOGPROBS)
         except BaseException:
             self.admission.release()
             raise
         # A one-token request: it runs to its end even if the caller is cancelled, and only
-        # then frees the slot (not counted in the retry hint's service time).
-        work.add_done_callback(lambda _: self.admission.release())
-        response = await work
+        # then frees the slot (not counted in the retry hint's service time). The callback
+        # is on the thread's own future: cancelling the caller cancels only the awaitable
+        # wrapped around it, which would free the slot while llama.cpp still reads.
+        work.add_done_callback(lambda _: loop.call_soon_threadsafe(self.admission.release))
+        response = await asyncio.wrap_future(work, loop=loop)
         content = (response["choices"][0].get("logprobs") or {}).get("content") or [{}]
         return yes_share(content[0].get("top_logprobs") or [])
 

@@ -119,6 +119,24 @@ async def test_a_cancelled_request_stops_while_reading_its_prompt(
     assert 0 < record.prompt_processed < record.prompt_total
 
 
+async def test_a_cancelled_judge_holds_its_slot_until_llama_cpp_lets_go(
+    backend: LlamaCppBackend,
+) -> None:
+    """A judge's one-token request runs to its end after its caller left: its slot is free
+    only then, or the next request would wait unbounded, unseen by the admission queue."""
+    facts = " ".join(f"Note {i}: shelf {i} holds {i * 11} jars of plum jam." for i in range(120))
+    messages = [{"role": "user", "content": facts + "\nDoes shelf 3 hold jam? yes or no"}]
+    judge = asyncio.create_task(backend.yes_probability(messages))
+    await until(lambda: backend.admission.running == 1)
+    await asyncio.sleep(0.05)
+    assert not judge.done(), "the prompt was read too fast for the test to mean anything"
+    judge.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await judge
+    assert backend.admission.running == 1  # llama.cpp is still reading: the slot is its
+    await until(lambda: backend.admission.running == 0)
+
+
 async def test_beyond_the_queue_bound_requests_are_refused(backend: LlamaCppBackend) -> None:
     await backend.admission.acquire()  # the one slot is busy
     try:
