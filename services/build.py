@@ -168,12 +168,72 @@ def build_text_backend(settings: Settings) -> TextBackend:
     g = settings.generator
     kind = choose_backend(g.backend, g.model, g.vllm_model_dir)
     logger.info("generator backend %s (setting %s)", kind, g.backend)
+    check_context(settings, kind)
     backend = _engine(settings, kind)
     if g.length_buckets and kind != "openai":  # across servers, routing does it
         from generator.buckets import LengthBuckets, parse_buckets
 
-        return LengthBuckets(backend, parse_buckets(g.length_buckets), g.bucket_max_queue)
+        buckets = parse_buckets(g.length_buckets)
+        check_buckets(kind, sum(slots for _, slots in buckets), g.llamacpp_parallel)
+        return LengthBuckets(backend, buckets, g.bucket_max_queue)
     return backend
+
+
+PROMPT_FRAME_TOKENS = 64
+"""The chat template's and the prompt's own labels (``Passages:``, ``Question:``), at most."""
+
+
+def check_context(settings: Settings, kind: str) -> None:
+    """Refuse an in-process engine's context that the longest prompt this server may build
+    does not fit: the evidence budget, the longest answer a request may ask, the longest
+    question and the instructions (estimated at 4 characters a token). Otherwise every
+    request with full evidence would be refused, as if the caller's fault.
+
+    Raises:
+        FailedPrecondition: naming the settings to change.
+    """
+    g = settings.generator
+    if kind == "llamacpp":
+        name, context = "RAGLINE_GENERATOR_LLAMACPP_CONTEXT_TOKENS", g.llamacpp_context_tokens
+    elif kind == "vllm":
+        name, context = "RAGLINE_GENERATOR_VLLM_MAX_MODEL_LEN", g.vllm_max_model_len
+    else:
+        return
+    from generator.prompt import system_prompt_for
+
+    words = len(system_prompt_for(g.model)) + settings.retriever.max_query_chars
+    needed = g.max_evidence_tokens + g.max_new_tokens_limit + words // 4 + PROMPT_FRAME_TOKENS
+    if context < needed:
+        raise FailedPrecondition(
+            f"{name}={context} is less than the longest prompt and answer may need, {needed} "
+            f"tokens: evidence RAGLINE_GENERATOR_MAX_EVIDENCE_TOKENS={g.max_evidence_tokens}, "
+            f"answer RAGLINE_GENERATOR_MAX_NEW_TOKENS_LIMIT={g.max_new_tokens_limit}, and "
+            f"~{words // 4 + PROMPT_FRAME_TOKENS} for the instructions and a question of "
+            f"RAGLINE_RETRIEVER_MAX_QUERY_CHARS={settings.retriever.max_query_chars} "
+            "characters: raise it or lower those"
+        )
+
+
+def check_buckets(kind: str, slots: int, llamacpp_parallel: int) -> None:
+    """Refuse length buckets that cannot keep a short prompt from waiting behind long ones:
+    on transformers (one request at a time, whatever the lanes), or with more lanes' slots
+    than llama.cpp generates at once (the rest wait in its single queue, in arrival order).
+
+    Raises:
+        FailedPrecondition: naming the settings to change.
+    """
+    if kind == "transformers":
+        raise FailedPrecondition(
+            "RAGLINE_GENERATOR_LENGTH_BUCKETS needs an engine that generates several requests "
+            "at once (llamacpp or vllm); transformers generates one at a time"
+        )
+    if kind == "llamacpp" and slots > llamacpp_parallel:
+        raise FailedPrecondition(
+            f"RAGLINE_GENERATOR_LENGTH_BUCKETS gives {slots} slots in all but "
+            f"RAGLINE_GENERATOR_LLAMACPP_PARALLEL={llamacpp_parallel}: the rest would wait in "
+            f"llama.cpp's one queue behind long prompts; set the parallel setting to {slots} "
+            "or give fewer slots"
+        )
 
 
 def _engine(settings: Settings, kind: str) -> TextBackend:

@@ -720,10 +720,11 @@ class GeneratorSettings(BaseSettings):
     )
     length_buckets: str = Field(
         "",
-        description="Length buckets for the in-process engines (vllm, llamacpp, transformers), "
-        "e.g. '512:3,inf:1': prompts under 512 tokens (estimated at 4 characters each) at most "
-        "3 in the engine at once, longer ones 1, each bucket with its own queue, so a short "
-        "question never waits behind long prompts. Empty = one queue.",
+        description="Length buckets for the in-process engines that generate several requests "
+        "at once (vllm, llamacpp), e.g. '512:3,inf:1': prompts under 512 tokens (estimated at 4 "
+        "characters each) at most 3 in the engine at once, longer ones 1, each bucket with its "
+        "own queue, so a short question never waits behind long prompts (llamacpp: the slots "
+        "in all at most RAGLINE_GENERATOR_LLAMACPP_PARALLEL). Empty = one queue.",
     )
     bucket_max_queue: int = Field(
         8,

@@ -239,3 +239,26 @@ def test_length_buckets_parse(spec: str, expected: list[tuple[float, int]]) -> N
 def test_length_buckets_refuse_bad_specs(spec: str) -> None:
     with pytest.raises(FailedPrecondition):
         parse_buckets(spec)
+
+
+def test_an_engine_context_the_longest_prompt_does_not_fit_is_refused_at_start() -> None:
+    """A 512-token llama.cpp context under a 768-token evidence budget refused every request
+    with full evidence as the caller's INVALID_ARGUMENT; now the server does not start."""
+    from services.build import build_text_backend
+    from services.settings import Settings
+
+    settings = Settings()
+    for backend in ("llamacpp", "vllm"):
+        settings.generator.backend = backend
+        build_text_backend(settings)  # the defaults fit
+    settings.generator.llamacpp_context_tokens = 1024
+    settings.generator.backend = "llamacpp"
+    with pytest.raises(FailedPrecondition, match=r"CONTEXT_TOKENS=1024 is less than .* 1\d{3} "):
+        build_text_backend(settings)
+    settings.generator.max_evidence_tokens = 200  # a smaller budget and a shorter answer fit
+    settings.generator.max_new_tokens_limit = 128
+    build_text_backend(settings)
+    settings.generator.backend = "vllm"
+    settings.generator.vllm_max_model_len = 256
+    with pytest.raises(FailedPrecondition, match="VLLM_MAX_MODEL_LEN=256 is less"):
+        build_text_backend(settings)

@@ -72,8 +72,14 @@ def test_llamacpp_judges_with_its_own_engine_also_inside_length_buckets() -> Non
     assert verifier is not None and verifier.judge is backend  # type: ignore[comparison-overlap]
     assert (verifier.min_p, verifier.focus_sentences) == (0.7, 3)
     settings.generator.length_buckets = "512:1,inf:1"
+    with pytest.raises(FailedPrecondition, match="2 slots in all but .*PARALLEL=1"):
+        build_text_backend(settings)  # the short lane's request would queue in llama.cpp
+    settings.generator.llamacpp_parallel = 2
     bucketed = build_text_backend(settings)
     assert isinstance(bucketed, LengthBuckets)
     verifier = build_verifier(settings, bucketed)
     assert verifier is not None and verifier.judge is bucketed.backend  # type: ignore[comparison-overlap]
     assert isinstance(verifier.judge, LlamaCppBackend) and verifier.judge._server is None
+    settings.generator.backend = "transformers"
+    with pytest.raises(FailedPrecondition, match="transformers generates one at a time"):
+        build_text_backend(settings)
