@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from generator.verify import TOP_LOGPROBS, yes_share
+from ragline.errors import InvalidArgument
 from ragline.files import sweep_process_folders
 
 logger = logging.getLogger(__name__)
@@ -185,7 +186,9 @@ class VllmBackend:
         last = None
         finished = False
         try:
-            async for output in engine.generate(self._prompt(messages), params, request_id):
+            async for output in _refusals(
+                engine.generate(self._prompt(messages), params, request_id)
+            ):
                 last, finished = output, output.finished
         finally:
             if not finished:
@@ -215,7 +218,9 @@ class VllmBackend:
         engine = self._engine
         finished = False
         try:
-            async for output in engine.generate(self._prompt(messages), params, request_id):
+            async for output in _refusals(
+                engine.generate(self._prompt(messages), params, request_id)
+            ):
                 for completion in output.outputs:
                     if completion.text:
                         yield completion.text
@@ -225,3 +230,24 @@ class VllmBackend:
                 # The consumer went away (cancelled, closed, deadline): free the engine slot
                 # now instead of decoding an answer nobody reads.
                 await engine.abort(request_id)
+
+
+async def _refusals(outputs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The engine's outputs, its refusal of a request (a prompt longer than
+    ``max_model_len``: ``VLLMValidationError``, a ``ValueError`` in older releases) as
+    INVALID_ARGUMENT, as llama.cpp's, not INTERNAL.
+
+    Raises:
+        InvalidArgument: vLLM refused the request.
+    """
+    try:
+        from vllm.exceptions import VLLMValidationError
+
+        refused: tuple[type[Exception], ...] = (VLLMValidationError, ValueError)
+    except ImportError:
+        refused = (ValueError,)
+    try:
+        async for output in outputs:
+            yield output
+    except refused as exc:
+        raise InvalidArgument(f"vLLM refused the request: {exc}") from exc

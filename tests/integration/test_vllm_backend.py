@@ -22,7 +22,7 @@ from generator.openai_backend import OpenAIBackend
 from generator.verify import verify_messages
 from generator.vllm_backend import _STARTING, VllmBackend
 from generator.vllm_server import openai_server as openai_server_process
-from ragline.errors import Unavailable
+from ragline.errors import InvalidArgument, Unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,6 +92,20 @@ async def test_cancelling_the_consumer_aborts_the_request(vllm_backend: VllmBack
         await task
     assert await _unfinished(vllm_backend, 0) == 0
     assert len(received) < 100  # it stopped long before 1000 tokens
+
+
+async def test_a_prompt_longer_than_the_engine_holds_is_invalid_argument(
+    vllm_backend: VllmBackend,
+) -> None:
+    """vLLM's own refusal (VLLMValidationError) is the caller's INVALID_ARGUMENT, as
+    llama.cpp's is, never INTERNAL; the engine goes on serving."""
+    huge = [{"role": "user", "content": "pottery kiln glaze " * 1500}]  # > 2,048 tokens
+    with pytest.raises(InvalidArgument, match="vLLM refused the request"):
+        [delta async for delta in vllm_backend.stream(huge, 8)]
+    with pytest.raises(InvalidArgument):
+        await vllm_backend.yes_probability(huge)
+    assert await _unfinished(vllm_backend, 0) == 0
+    assert "".join([delta async for delta in vllm_backend.stream(SHORT, 24)]).strip()
 
 
 async def test_closing_the_stream_aborts_the_request(vllm_backend: VllmBackend) -> None:
