@@ -575,6 +575,8 @@ def parse_path(
         data = read_regular_bytes(path, (limits or PdfLimits()).max_bytes)
     except OSError as exc:
         return str(exc)
+    except MemoryError:
+        return "out of memory while reading (over the worker memory limit)"
     return parse_upload(data, utf8_name(Path(path).name), chunker, limits, collection)
 
 

@@ -39,7 +39,12 @@ def read_regular_bytes(path: str | os.PathLike[str], max_bytes: int) -> bytes:
         if info.st_size > max_bytes:
             raise OSError(f"{info.st_size} bytes is over the limit of {max_bytes}")
         with os.fdopen(fd, "rb", closefd=False) as file:
-            data = file.read(max_bytes + 1)
+            # Asked for the size it has, not the limit: a read of N bytes reserves N up front
+            # (200 MiB for a 1 MB file, over a parse worker's address-space cap).
+            want = min(info.st_size, max_bytes) + 1
+            data = file.read(want)
+            if len(data) == want and want <= max_bytes:  # it grew since: read on, to the limit
+                data += file.read(max_bytes + 1 - want)
     finally:
         os.close(fd)
     if len(data) > max_bytes:  # it grew while being read

@@ -90,3 +90,31 @@ def test_owner_gone_reads_only_our_names_and_sees_a_living_process(tmp_path: Pat
     assert not owner_gone(tmp_path / f".x.train-{os.getpid()}-abcd", ".x.train-")
     for odd in ("٣٤-abcd", "0-abcd", "12x-abcd", "-abcd", "99999999999-abcd"):
         assert not owner_gone(tmp_path / f".x.train-{odd}", ".x.train-"), odd
+
+
+def test_a_small_file_is_read_without_reserving_the_limit(tmp_path: Path) -> None:
+    """A parse worker runs under an address-space cap; a read of a 2 KB file must not ask for
+    the 200 MiB limit up front (a MemoryError that once ended a whole ingest)."""
+    import subprocess
+    import sys
+
+    small = tmp_path / "small.pdf"
+    small.write_bytes(b"%PDF-1.7\n" + b"x" * 2000)
+    script = (
+        "import resource, sys\n"
+        "from ragline.files import read_regular_bytes\n"
+        "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "cap = size + 96 * 1024 * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (cap, cap))\n"
+        "data = read_regular_bytes(sys.argv[1], 512 * 1024 * 1024)\n"
+        "print(len(data))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(small)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.strip() == "2009"
