@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -186,7 +187,7 @@ async def run_eval(options: EvalOptions) -> dict[str, Any]:
             graph=options.graph,
         )
         rows = await runner.run(questions, progress=options.progress)
-    threshold = options.threshold or _applied_threshold(rows, config)
+    threshold = _applied_threshold(rows, config, options.threshold)
     config.update(
         questions=str(options.questions),
         limit=options.limit,
@@ -228,11 +229,17 @@ def _scoring(options: EvalOptions, settings: dict[str, Any]) -> tuple[int, bool,
     return candidates, parts, generator.get("max_evidence", DEFAULT_BATCH)
 
 
-def _applied_threshold(rows: list[dict], config: dict) -> float:
-    """The threshold the server applied (its Score replies say), else its settings'."""
-    applied = [r["threshold"] for r in rows if r.get("threshold")]
+def _applied_threshold(rows: list[dict], config: dict, requested: float = 0.0) -> float:
+    """The threshold the rows were filtered at: the one the server's Score replies say it
+    applied (the commonest, should a fallback filter have answered some), else the requested
+    one, else the server's settings'. A filter that is not calibrated (the SPLADE score floor)
+    keeps its own threshold whatever a request asks, so the figures are measured at the one
+    that set each row's ``kept``, not at ``--threshold`` against scores of another scale."""
+    applied = Counter(float(r["threshold"]) for r in rows if r.get("threshold"))
     if applied:
-        return float(applied[0])
+        return applied.most_common(1)[0][0]
+    if requested:
+        return requested
     settings = config.get("settings")
     if settings:
         c = settings["credibility"]

@@ -130,6 +130,30 @@ async def test_the_filter_is_measured_on_the_passages_answer_scores(
     )
 
 
+async def test_the_filter_is_measured_at_the_threshold_the_server_applied(
+    server: RunningServer, tmp_path: Path
+) -> None:
+    """The session's filter is the SPLADE score floor (8.0), which keeps its own threshold
+    whatever a request asks: at ``--threshold 0.9`` the report measured every candidate
+    scoring 0.9 or more as kept, while the server, and the rows' ``kept``, used 8.0."""
+    out = tmp_path / "asked"
+    questions = write_questions(tmp_path / "q.jsonl")
+    report = await run_eval(against(server, questions, out, answers=False, threshold=0.9))
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert rows and all(r["threshold"] == pytest.approx(8.0) for r in rows)
+    scores = [c["score"] for r in rows for c in r["candidates"]]
+    assert any(0.9 <= s < 8.0 for s in scores)  # where the two thresholds disagree
+    credibility = report["credibility"]
+    assert credibility["threshold"] == pytest.approx(8.0)
+    kept = [sum(c["kept"] for c in r["candidates"]) for r in rows]
+    assert credibility["kept_per_query"] == pytest.approx(sum(kept) / len(kept))
+    unanswerable = [any(c["kept"] for c in r["candidates"]) for r in rows if not r["answerable"]]
+    assert credibility["unanswerable_reaching_generator"] == pytest.approx(
+        sum(unanswerable) / len(unanswerable)
+    )
+    assert "Evidence filter at 8.000" in (out / "summary.md").read_text()
+
+
 @pytest.mark.parametrize(("field", "value"), [("k", 101), ("threshold", 0.3)])
 async def test_a_setting_the_server_refuses_stops_the_run(
     server: RunningServer, tmp_path: Path, field: str, value: float

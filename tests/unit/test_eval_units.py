@@ -369,6 +369,21 @@ def test_the_filter_is_measured_on_what_the_servers_answer_scores() -> None:
         _scoring(options(candidates=-1), served)
 
 
+def test_the_report_takes_the_threshold_the_score_replies_applied() -> None:
+    """A score floor keeps its own threshold (here 6.5) whatever was asked (0.7); a run
+    where the classifier's fallback answered a few questions is measured at the threshold
+    most of them had; ``--threshold``, then the server's settings, only without replies."""
+    from eval.harness import _applied_threshold
+
+    floor = {"settings": {"credibility": {"backend": "score_floor", "score_floor": 6.5}}}
+    assert _applied_threshold([{"threshold": 6.5}], {}, 0.7) == 6.5
+    mixed: list[dict] = [{"threshold": 0.8}, {"threshold": 6.5}, {"threshold": 0.8}, {}]
+    assert _applied_threshold(mixed, floor, 0.7) == 0.8
+    assert _applied_threshold([{"candidates": []}], floor, 0.7) == 0.7
+    assert _applied_threshold([{"candidates": []}], floor) == 6.5
+    assert _applied_threshold([], {}) == 0.0
+
+
 def test_a_question_file_with_nothing_readable_is_an_error_not_a_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
