@@ -4,7 +4,7 @@ Retrieval is judged at page level, as the labels are: a retrieved chunk stands f
 pages it touches (MaxP aggregation: the first chunk on a page counts, later ones add nothing),
 every other chunk for itself. ``recall@k`` is then per question 1 when the top-k chunks reach a
 gold page (multi_hop: every gold page), else 0; ``strict`` counts a chunk only when it also
-contains a gold answer.
+contains a gold answer (``eval.questions.contains_answer``: whole words, as answers are judged).
 """
 
 from __future__ import annotations

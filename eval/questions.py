@@ -58,12 +58,16 @@ def normalize_text(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-_CITATION = re.compile(r"\[\s*\d+(?:\s*[,;-]\s*\d+)*\s*\]")
-"""A citation marker: ``[2]``, ``[1, 3]``, ``[2-4]``."""
+_MARKER = r"\[\s*\d+(?:\s*[,;-]\s*\d+)*\s*\]"
+_CITATION = re.compile(rf"(?<![\w\]\[)])(?:{_MARKER})+")
+"""A run of citation markers: ``[2]``, ``[1, 3]``, ``[2-4]``, ``[1][2]``. Not one attached to
+a word or a closing bracket: that is R indexing (``x[1]``, ``lst[[2]]``, ``dim(m)[2]``), part of
+the answer."""
 
 
 def strip_citations(answer: str) -> str:
-    """The answer's text without its citation markers: gold "4" must not match ``[4]``."""
+    """The answer's text without its citation markers: gold "4" must not match ``[4]``, while
+    gold ``x[1]`` still matches an answer that writes it."""
     return _CITATION.sub(" ", answer)
 
 
@@ -98,9 +102,13 @@ def answer_matches(answer: str, golds: Iterable[str]) -> bool:
 
 
 def contains_answer(text: str, golds: Iterable[str]) -> bool:
-    """True when a passage holds a gold answer, or any part of a multi-part one."""
-    norm = normalize_text(text)
-    return any(p and p in norm for g in golds for p in (normalize_text(x) for x in g.split(";")))
+    """True when a passage holds a gold answer, or any part of a multi-part one, judged as
+    answers are (:func:`answer_matches`): whole words, case, quotes, whitespace and list style
+    folded. A substring test found gold "4" in "14" and "raw" in "draw"."""
+    norm = fold_lists(normalize_text(text))
+    return any(
+        occurs(fold_lists(normalize_text(part)), norm) for g in golds for part in g.split(";")
+    )
 
 
 def load_questions(path: str | Path) -> LoadResult:

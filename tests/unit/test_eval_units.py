@@ -10,6 +10,7 @@ import pytest
 from eval.metrics import answer_metrics, credibility_metrics, retrieval_metrics
 from eval.questions import (
     answer_matches,
+    contains_answer,
     load_beir,
     load_questions,
     load_squad2,
@@ -141,6 +142,32 @@ def test_answers_are_judged_strictly_without_citations_and_by_whole_words() -> N
     assert answer_matches("Call read.fwf(file, widths).", ["read.fwf"])
     assert answer_matches("About 2,400 pages.", ["2,400"])
     assert not answer_matches("About 2,400 pages.", ["400"])
+
+
+def test_r_indexing_in_an_answer_is_not_taken_for_a_citation() -> None:
+    """A marker attached to a word or a closing bracket is R code: stripping it left gold
+    ``v[3]`` unmatchable; a free-standing marker, or a run of them, is still no answer."""
+    assert answer_matches("Take the third element with v[3] [2].", ["v[3]"])
+    assert answer_matches("Index the list as items[[5]] [1].", ["items[[5]]"])
+    assert answer_matches("The columns are ncol(df)[1] [4].", ["ncol(df)[1]"])
+    assert answer_matches("Use m[2, 1] for it [3].", ["m[2, 1]"])
+    assert not answer_matches("Nothing here says so [1][3].", ["3"])
+    assert not answer_matches("Nothing here says so [2] [3].", ["3"])
+    assert not answer_matches("Nothing here says so [1, 3][2-3].", ["3"])
+    assert not answer_matches("Read the appendix ([3]).", ["3"])
+
+
+def test_a_passage_holds_a_gold_answer_only_as_whole_words() -> None:
+    """The strict retrieval flag and citation correctness judged passages by substring: gold
+    "6" was found in "16" and "mode" in "model"."""
+    assert not contains_answer("The queue holds 16 jobs.", ["6"])
+    assert not contains_answer("Fit the model first.", ["mode"])
+    assert not contains_answer("Release 6.2 changed it.", ["6"])
+    assert contains_answer("The queue holds 6 jobs.", ["6"])
+    assert contains_answer("Set MODE to ‘fast’.", ["mode"])
+    assert contains_answer("Pick from red, green, and blue.", ["red, green and blue"])
+    assert contains_answer("Only the port, 8443, is named.", ["the host; 8443"])  # any part
+    assert not contains_answer("Port 18443 only.", ["the host; 8443"])
 
 
 def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
