@@ -149,32 +149,66 @@ def _page(value: object) -> int:
     return value
 
 
+def _text(value: object, what: str) -> str:
+    """A field that must be text, not blank: ``str()`` of anything else made a null question
+    the text "None" and ``{"a": 1}`` the text "{'a': 1}", asked and judged as if written so."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a non-blank string, got {_shown(value)}")
+    return value
+
+
+def _shown(value: object) -> str:
+    """A refused value as the error line names it: short ones as written, others by type."""
+    shown = repr(value)
+    return shown if len(shown) <= 40 else f"a {type(value).__name__}"
+
+
+def _answers(raw: dict) -> tuple[str, ...]:
+    """The gold answers, each a string. A number is refused, not turned into one: JSON keeps
+    its value, not how it was written (2.50 reads as 2.5, 1e3 as 1000.0), and a gold is judged
+    as the text the document prints ("512", "2.50")."""
+    return tuple(_text(a, "each of 'answers'") for a in _listed(raw, "answers"))
+
+
+def _evidence(item: object) -> Evidence:
+    """One ``{file, page, quote}`` object; a quote absent or null is none."""
+    if not isinstance(item, dict):
+        raise ValueError(f"each of 'evidence' must be an object, got {_shown(item)}")
+    quote = item.get("quote")
+    if quote is not None and not isinstance(quote, str):
+        raise ValueError(f"an evidence quote must be a string, got {_shown(quote)}")
+    return Evidence(
+        _text(item.get("file"), "an evidence file"), _page(item.get("page")), quote or ""
+    )
+
+
 def _question_from_record(raw: dict) -> Question:
     if not isinstance(raw, dict):
         raise TypeError("record is not a JSON object")
-    question = str(raw["question"]).strip()
-    if not question:
-        raise ValueError("empty question")
+    question = _text(raw.get("question"), "'question'").strip()
     answerable = raw.get("answerable")
     if not isinstance(answerable, bool):
         raise ValueError("'answerable' must be true or false")
-    answers = tuple(str(a) for a in _listed(raw, "answers"))
-    evidence = tuple(
-        Evidence(str(e["file"]), _page(e["page"]), str(e.get("quote", "")))
-        for e in _listed(raw, "evidence")
-    )
+    answers = _answers(raw)
+    evidence = tuple(_evidence(e) for e in _listed(raw, "evidence"))
     if answerable and not answers:
         raise ValueError("an answerable question needs 'answers'")
-    qid = str(raw["id"])
-    if not qid or any(ch.isspace() for ch in qid):  # run files are whitespace-separated
+    qid = raw.get("id")
+    if isinstance(qid, int) and not isinstance(qid, bool):
+        qid = str(qid)  # BEIR and SQuAD ids may be numbers too
+    if not isinstance(qid, str) or not qid or any(ch.isspace() for ch in qid):
+        # run files are whitespace-separated
         raise ValueError("'id' must be a non-empty string without whitespace")
+    kind = raw.get("type")
+    if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"'type' must be a string, got {_shown(kind)}")
     return Question(
         id=qid,
         question=question,
         answerable=answerable,
         answers=answers,
         evidence=evidence,
-        type=str(raw.get("type") or ("factoid" if answerable else "unanswerable")),
+        type=kind or ("factoid" if answerable else "unanswerable"),
     )
 
 

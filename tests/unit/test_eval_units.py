@@ -234,6 +234,49 @@ def test_records_no_number_or_parser_can_hold_and_repeated_ids_are_skipped(tmp_p
         load_any(deep, tmp_path)
 
 
+def test_records_whose_fields_are_not_text_are_skipped_not_read_as_their_repr(
+    tmp_path: Path,
+) -> None:
+    """``str()`` of whatever a field held made a null question the text "None", an object
+    question "{'a': 1}", a null gold answer the gold "None" and a null evidence file the
+    file "None": asked and judged as if written so."""
+    good = {
+        "id": "m1",
+        "question": "Which fuse protects the pump?",
+        "answerable": True,
+        "answers": ["F7"],
+        "evidence": [{"file": "pump.pdf", "page": 3, "quote": "Fuse F7 protects the pump."}],
+    }
+    bad = [
+        {**good, "id": "m2", "question": None},
+        {**good, "id": "m3", "question": {"text": "Which fuse?"}},
+        {**good, "id": "m4", "question": "   "},
+        {**good, "id": "m5", "answers": [None]},
+        {**good, "id": "m6", "answers": ["F7", 7]},  # a number's JSON text is not kept
+        {**good, "id": "m7", "answers": [""]},
+        {**good, "id": "m8", "evidence": ["pump.pdf"]},
+        {**good, "id": "m9", "evidence": [{"file": None, "page": 3}]},
+        {**good, "id": "m10", "evidence": [{"file": "pump.pdf", "page": 3, "quote": 7}]},
+        {**good, "id": None},
+        {**good, "id": "m12", "type": ["factoid"]},
+    ]
+    fine = [
+        {**good, "id": "m13", "evidence": [{"file": "pump.pdf", "page": 3}]},  # no quote
+        {**good, "id": 14, "evidence": [{"file": "pump.pdf", "page": 3, "quote": None}]},
+    ]
+    path = tmp_path / "fields.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [good, *bad, *fine]))
+    loaded = load_questions(path)
+    assert [q.id for q in loaded.questions] == ["m1", "m13", "14"]
+    assert [e.split(":")[1] for e in loaded.errors] == [str(n) for n in range(2, 13)]
+    assert "'question' must be a non-blank string, got None" in loaded.errors[0]
+    assert "'answers' must be a non-blank string, got 7" in loaded.errors[4]
+    assert "evidence' must be an object" in loaded.errors[6]
+    assert "evidence file must be a non-blank string" in loaded.errors[7]
+    assert "quote must be a string" in loaded.errors[8]
+    assert all(q.evidence[0].quote == "" for q in loaded.questions[1:])
+
+
 def test_question_files_of_another_shape_or_kind_are_refused_naming_the_file(
     tmp_path: Path,
 ) -> None:
