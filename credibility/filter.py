@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from credibility.lexical import chunk_context
 from credibility.model import PairClassifier
 from ragline.errors import Unavailable
 from ragline.types import Hit
+
+
+class Scored(NamedTuple):
+    """A filter's judgement of some hits: what scored them, each one's score, the threshold
+    that applied and which hits it keeps (``kept[i]``: ``scores[i]`` reached it)."""
+
+    name: str
+    scores: list[float]
+    threshold: float
+    kept: list[bool]
 
 
 class EvidenceFilter(Protocol):
@@ -26,6 +36,15 @@ class EvidenceFilter(Protocol):
 
         Raises:
             Unavailable: the filter could not score in time (the caller decides what then).
+        """
+        ...
+
+    async def judge(self, query: str, hits: Sequence[Hit], threshold: float = 0.0) -> Scored:
+        """:meth:`score`, and which hits are kept: at ``threshold`` (a request's probability)
+        when the scores are probabilities, else (or with 0) at the filter's own threshold.
+
+        Raises:
+            Unavailable: as :meth:`score`.
         """
         ...
 
@@ -42,6 +61,7 @@ class Thresholded:
     """The threshold every filter carries. A request's own threshold is a probability,
     bounded once for all filters by the gateway (``Gateway.check_threshold``)."""
 
+    name: str
     calibrated = False
     """Scores are calibrated probabilities, so a request's threshold (one) applies to them."""
 
@@ -51,6 +71,15 @@ class Thresholded:
     @property
     def threshold(self) -> float:
         return self._threshold
+
+    async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
+        raise NotImplementedError  # each filter's own
+
+    async def judge(self, query: str, hits: Sequence[Hit], threshold: float = 0.0) -> Scored:
+        scores = await self.score(query, hits)
+        if not threshold or not self.calibrated:  # a probability means nothing to raw scores
+            threshold = self.threshold
+        return Scored(self.name, scores, threshold, [s >= threshold for s in scores])
 
 
 class ScoreFloorFilter(Thresholded):

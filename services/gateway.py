@@ -20,7 +20,7 @@ import numpy as np
 from opentelemetry import trace
 from prometheus_client.core import Metric
 
-from credibility.filter import EvidenceFilter
+from credibility.filter import EvidenceFilter, Scored
 from generator.cells import CELL_STAGE, named_cells
 from generator.parts import bounded_asks, join_answers, part_evidence
 from ingest.batch import IngestReport
@@ -290,7 +290,7 @@ class Gateway:
             started = time.perf_counter()
             try:
                 with tracer.start_as_current_span("ragline.credibility"):
-                    name, scores, _ = await self.score_hits(text, result.hits)
+                    name, scores, _, _ = await self.score_hits(text, result.hits)
             except Unavailable as exc:
                 logger.warning("Retrieve without evidence scores: %s", exc.message)
             else:
@@ -350,22 +350,20 @@ class Gateway:
         return await self.graph.expand(text, before, k, search_options, append)
 
     # -- evidence ----------------------------------------------------------------------------
-    async def score_hits(
-        self, query: str, hits: Sequence[Hit], threshold: float = 0.0
-    ) -> tuple[str, list[float], float]:
-        """(filter name, score per hit, the threshold that applies to them).
+    async def score_hits(self, query: str, hits: Sequence[Hit], threshold: float = 0.0) -> Scored:
+        """The filter's judgement of ``hits``: its name, a score per hit, the threshold that
+        applied and which hits it keeps.
 
         A request's ``threshold`` is a probability: it applies to a calibrated filter (the
-        classifier, local or remote); a filter that scores something else (the SPLADE score
-        floor, also as the fallback when the classifier is unavailable) keeps its own.
-        Without a fallback an unavailable filter raises :class:`Unavailable`.
+        classifier); a filter that scores something else (the SPLADE score floor, also as
+        the fallback when the classifier is unavailable) keeps its own; a remote stage
+        decides which it is itself. Without a fallback an unavailable filter raises
+        :class:`Unavailable`.
         """
         threshold = self.check_threshold(threshold)
         evidence_filter = self.filter
         try:
-            scores = await evidence_filter.score(query, hits)
-            own = not threshold or not evidence_filter.calibrated
-            return evidence_filter.name, scores, evidence_filter.threshold if own else threshold
+            return await evidence_filter.judge(query, hits, threshold)
         except Unavailable:
             if self.fallback_filter is None:
                 self.filter_failures += 1
@@ -374,8 +372,7 @@ class Gateway:
             logger.warning(
                 "evidence filter unavailable: falling back to %s", self.fallback_filter.name
             )
-            fallback = self.fallback_filter
-            return fallback.name, await fallback.score(query, hits), fallback.threshold
+            return await self.fallback_filter.judge(query, hits)
 
     async def select_evidence(
         self, query: str, hits: Sequence[Hit], threshold: float = 0.0, asks: Sequence[str] = ()
@@ -404,13 +401,14 @@ class Gateway:
         keeps only the first ``limit`` of them (the rest are counted as ``cut``)."""
         if not hits:
             return [], [[] for _ in asks]
-        requested = threshold
-        name, scores, threshold = await self.score_hits(query, hits, requested)
+        name, scores, _, passes = await self.score_hits(query, hits, threshold)
         by_part = []
         for ask in asks:
-            _, more, _ = await self.score_hits(ask, hits, requested)
-            by_part.append(more)
-            scores = [max(a, b) for a, b in zip(scores, more, strict=True)]
+            judged = await self.score_hits(ask, hits, threshold)
+            by_part.append(judged.scores)
+            passes = [a or b for a, b in zip(passes, judged.kept, strict=True)]
+            if judged.name == name:  # one scale (a fallback's scores are not the filter's)
+                scores = [max(a, b) for a, b in zip(scores, judged.scores, strict=True)]
         # The filter, trained on prose, scores a table by its words; a table whose row and
         # column the question names holds its answer in one cell (read without the model).
         if self.read_cells and any(hit.chunk.kind == "table" for hit in hits):
@@ -420,7 +418,7 @@ class Gateway:
         kept = []
         kept_at = []
         for i, (hit, score) in enumerate(zip(hits, scores, strict=True)):
-            if score >= threshold or any(cells[i]):
+            if passes[i] or any(cells[i]):
                 stages = {name: score} | ({CELL_STAGE: 1.0} if any(cells[i]) else {})
                 kept.append(replace(hit, stage_scores=dict(hit.stage_scores, **stages)))
                 kept_at.append(i)
@@ -570,7 +568,7 @@ class Gateway:
 
     async def score_request(
         self, query: str, hits: Sequence[Hit], threshold: float = 0.0
-    ) -> tuple[str, list[float], float]:
+    ) -> Scored:
         """The evidence filter as the internal service exposes it, under the public bounds."""
         text, _ = self.validate_query(query, 1)
         self.check_evidence(hits)

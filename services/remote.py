@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from grpc_status import rpc_status
 
-from credibility.filter import Thresholded
+from credibility.filter import Scored, Thresholded
 from generator.contract import Reason
 from ingest.batch import IngestReport
 from ragline import errors
@@ -371,6 +371,12 @@ class RemoteGenerator(StageClient):
 class RemoteFilter(StageClient, Thresholded):
     """An :class:`~credibility.filter.EvidenceFilter` that calls ``CredibilityService.Score``.
 
+    Which passages are kept is the stage's decision, not this client's: its scores are
+    probabilities only when it holds a trained classifier (a credibility role without a
+    checkpoint serves the SPLADE score floor, raw scores ~4-30 against its floor 8), so each
+    call sends the threshold asked for and keeps what the reply marks ``kept``, at the
+    ``threshold`` the reply says applied.
+
     Any failure — connection refused, deadline, an error status — becomes
     :class:`Unavailable`, so the gateway never sends unfiltered evidence to the generator.
     """
@@ -378,7 +384,8 @@ class RemoteFilter(StageClient, Thresholded):
     service = "ragline.v1.CredibilityService"
     stub_class = stages_pb2_grpc.CredibilityServiceStub
     name = "credibility"
-    calibrated = True
+    calibrated = False
+    """Not known here: each reply says which threshold applied to its scores."""
 
     def __init__(
         self,
@@ -398,14 +405,41 @@ class RemoteFilter(StageClient, Thresholded):
         deeper than that (Answer or Retrieve with a large k) is scored in concurrent calls."""
 
     async def score(self, query: str, hits: Sequence[Hit]) -> list[float]:
-        if not hits:
-            return []
-        parts = [hits[i : i + self.batch] for i in range(0, len(hits), self.batch)]
-        replies = await asyncio.gather(*(self._score(query, part) for part in parts))
-        return [score for reply in replies for score in reply]
+        return (await self.judge(query, hits)).scores
 
-    async def _score(self, query: str, hits: Sequence[Hit]) -> list[float]:
-        request = stages_pb2.ScoreRequest(query=query, hits=convert.hits_to_pb(hits))
+    async def judge(self, query: str, hits: Sequence[Hit], threshold: float = 0.0) -> Scored:
+        """The stage's judgement of ``hits``. It is sent ``threshold`` (0: this process's
+        own, ``RAGLINE_CREDIBILITY_THRESHOLD``, as a request without one means here); the
+        stage applies it to probabilities and its own threshold to other scores.
+
+        Raises:
+            Unavailable: the stage could not score, or answered out of shape, or judged the
+                parts of one ranking by different filters (its own fallback scored some):
+                scores of two scales cannot be one ranking's.
+        """
+        asked = threshold or self.threshold
+        if not hits:
+            return Scored(self.name, [], asked, [])
+        parts = [hits[i : i + self.batch] for i in range(0, len(hits), self.batch)]
+        replies = await asyncio.gather(*(self._score(query, part, asked) for part in parts))
+        judged = {(reply.name, reply.threshold) for reply in replies}
+        if len(judged) > 1:
+            raise errors.Unavailable(
+                f"{self._where()} judged one ranking by different filters "
+                f"({', '.join(f'{n} at {t:g}' for n, t in sorted(judged))})",
+                retry_after_s=RETRY_AFTER_S,
+            )
+        return Scored(
+            replies[0].name,
+            [score for reply in replies for score in reply.scores],
+            replies[0].threshold,
+            [kept for reply in replies for kept in reply.kept],
+        )
+
+    async def _score(self, query: str, hits: Sequence[Hit], threshold: float) -> Scored:
+        request = stages_pb2.ScoreRequest(
+            query=query, hits=convert.hits_to_pb(hits), threshold=threshold
+        )
         try:
             reply = await self.call("Score", request)
         except errors.RaglineError as exc:
@@ -414,6 +448,7 @@ class RemoteFilter(StageClient, Thresholded):
             raise errors.Unavailable(
                 f"{self._where()}: {exc.code}: {exc.message}", retry_after_s=RETRY_AFTER_S
             ) from exc
-        if len(reply.scores) != len(hits):
+        if len(reply.scores) != len(hits) or len(reply.kept) != len(hits):
             raise errors.Unavailable(f"{self._where()} returned a wrong count")
-        return [float(s) for s in reply.scores]
+        scores = [float(s) for s in reply.scores]
+        return Scored(reply.filter or self.name, scores, reply.threshold, list(reply.kept))

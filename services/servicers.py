@@ -218,14 +218,13 @@ class CredibilityServicer(stages_pb2_grpc.CredibilityServiceServicer):
     ) -> stages_pb2.ScoreResponse:
         hits = convert.hits_from_pb(request.hits)
         started = time.perf_counter()
-        name, scores, threshold = await self.gateway.score_request(
-            request.query, hits, request.threshold
-        )
+        judged = await self.gateway.score_request(request.query, hits, request.threshold)
         return stages_pb2.ScoreResponse(
-            scores=scores,
-            kept=[s >= threshold for s in scores],
-            threshold=threshold,
-            timings_ms={name: (time.perf_counter() - started) * 1000},
+            scores=judged.scores,
+            kept=judged.kept,
+            threshold=judged.threshold,
+            timings_ms={judged.name: (time.perf_counter() - started) * 1000},
+            filter=judged.name,
         )
 
 

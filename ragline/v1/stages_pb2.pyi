@@ -134,7 +134,7 @@ class ScoreRequest(_message.Message):
     def __init__(self, query: _Optional[str] = ..., hits: _Optional[_Iterable[_Union[_common_pb2.Hit, _Mapping]]] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("scores", "kept", "timings_ms", "threshold")
+    __slots__ = ("scores", "kept", "timings_ms", "threshold", "filter")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -146,11 +146,13 @@ class ScoreResponse(_message.Message):
     KEPT_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     scores: _containers.RepeatedScalarFieldContainer[float]
     kept: _containers.RepeatedScalarFieldContainer[bool]
     timings_ms: _containers.ScalarMap[str, float]
     threshold: float
-    def __init__(self, scores: _Optional[_Iterable[float]] = ..., kept: _Optional[_Iterable[bool]] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., threshold: _Optional[float] = ...) -> None: ...
+    filter: str
+    def __init__(self, scores: _Optional[_Iterable[float]] = ..., kept: _Optional[_Iterable[bool]] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., threshold: _Optional[float] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class ExpandRequest(_message.Message):
     __slots__ = ("query", "hits", "k", "options", "append")

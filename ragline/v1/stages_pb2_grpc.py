@@ -292,7 +292,8 @@ class CredibilityServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Score(self, request, context):
-        """Score (query, passage) pairs; `kept` marks those at or above the threshold.
+        """Score (query, passage) pairs; `kept` marks those at or above the threshold. Which are
+        kept is the stage's decision: a caller keeps what `kept` says, whatever the scores' scale.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
+from credibility.filter import Thresholded
 from generator.core import AnswerGenerator
 from generator.transformers_backend import TransformersBackend
 from ingest.batch import run_batch
@@ -672,16 +673,15 @@ async def test_a_new_generation_sweeps_the_cache_entries_of_older_ones(  # type:
     await stub.DeleteDocument(ragline_pb2.DeleteDocumentRequest(doc_id="quokka-care"), timeout=30)
 
 
-class KeepsNaming:
+class KeepsNaming(Thresholded):
     """An evidence filter that keeps the passages naming one word: which passages it keeps
     is what the test sets, whatever their retrieval rank."""
 
     name = "keeps_naming"
-    calibrated = False
-    threshold = 0.5
     model_id = "keeps_naming"
 
     def __init__(self, word: str) -> None:
+        super().__init__(0.5)
         self.word = word
 
     def warm_up(self) -> None:

@@ -19,11 +19,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ingest.batch import run_batch
 from ingest.chunker import ChunkerConfig
+from ragline.types import Chunk, Hit
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import DenseEncoder, SpladeEncoder
 from services.auth import bearer_metadata, new_token
+from services.build import build_filter, build_limits
 from services.cluster import ROLES, LocalCluster, RoleProcess
-from tests.conftest import MANUAL_PAGES, make_indexer, write_pdf
+from services.gateway import Gateway
+from tests.conftest import MANUAL_PAGES, make_indexer, make_settings, write_pdf
 from tests.reliability.conftest import LONG
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
@@ -317,6 +320,52 @@ async def test_a_secured_split_deployment_checks_tokens_on_every_hop(
             assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
         cluster.stop()
+
+
+async def test_the_gateway_keeps_what_a_credibility_role_without_a_model_keeps(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A credibility role with no trained classifier (backend ``auto``, no checkpoint) scores
+    by the SPLADE floor: raw scores, 25 for a passage that matches well, against its floor 8.
+    The gateway keeps the passages the stage keeps; read as probabilities against the
+    gateway's 0.85, every passage above would pass, the off-topic ones included."""
+    role = LocalCluster(
+        {
+            "RAGLINE_CREDIBILITY_BACKEND": "auto",
+            "RAGLINE_CREDIBILITY_MODEL_DIR": str(tmp_path / "never-trained"),
+            "RAGLINE_CREDIBILITY_SCORE_FLOOR": "8",
+            "RAGLINE_RETRIEVER_INDEX_DIR": str(tmp_path / "index"),
+            "RAGLINE_SERVER_THREADS": "1",
+        },
+        tmp_path / "logs",
+        roles=("credibility",),
+    )
+    await role.start()
+    try:
+        assert "no credibility checkpoint" in role["credibility"].log_tail()
+        settings = make_settings(tmp_path, redis_url)
+        settings.credibility.address = role["credibility"].address
+        settings.credibility.threshold = 0.85
+        gateway = Gateway(build_limits(settings), evidence_filter=build_filter(settings))
+
+        def hit(n: int, sparse: float) -> Hit:
+            text = f"Passage {n} is about baking bread in an oven."
+            chunk = Chunk(f"c{n}", "bread", n, text, (1,), "bread.pdf")
+            return Hit(chunk=chunk, score=sparse, stage_scores={"sparse": sparse})
+
+        hits = [hit(0, 25.0), hit(1, 4.0), hit(2, 1.5)]
+        question = "How long does the bread bake?"
+        kept = await gateway.select_evidence(question, hits)
+        assert [h.chunk.chunk_id for h in kept] == ["c0"]
+        assert kept[0].stage_scores["score_floor"] == 25.0
+        # a request's threshold is a probability: the floor keeps its own
+        kept = await gateway.select_evidence(question, hits, threshold=0.9)
+        assert [h.chunk.chunk_id for h in kept] == ["c0"]
+        judged = await gateway.score_hits(question, hits)  # what the stage said, passed on
+        assert (judged.name, judged.threshold) == ("score_floor", 8.0)
+        assert judged.scores == [25.0, 4.0, 1.5] and judged.kept == [True, False, False]
+    finally:
+        role.stop()
 
 
 # -- reliability: each stage frozen and killed under load --------------------------------
