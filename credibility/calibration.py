@@ -15,6 +15,7 @@ so serving applies it with numpy and loads it from JSON, never from a pickle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +28,10 @@ from sklearn.isotonic import IsotonicRegression
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
-from ragline.errors import InvalidArgument
+from ragline.errors import FailedPrecondition, InvalidArgument
 
 Method = Literal["temperature", "isotonic"]
+METHODS: tuple[Method, ...] = ("temperature", "isotonic")
 
 FEATURES = (
     "logit",
@@ -71,18 +73,25 @@ class Calibrator:
 
     @property
     def temperature(self) -> float:
-        """1 / the logit's weight: the temperature of plain temperature scaling."""
-        return 1.0 / self.weights[self.features.index("logit")]
+        """1 / the logit's weight: the temperature of plain temperature scaling. Infinite when
+        the logit weighs nothing (a fit that found it uninformative, or does not read it):
+        the score does not move with it at all."""
+        if "logit" not in self.features:
+            return math.inf
+        weight = self.weights[self.features.index("logit")]
+        return math.inf if weight == 0 else 1.0 / weight
 
     def __call__(self, features: ArrayLike) -> np.ndarray:
-        """Probabilities for a feature matrix (n × len(features)), or a vector of logits."""
+        """Probabilities for a feature matrix (n × len(features)), or a vector of logits;
+        always within [0, 1] (a NaN feature, a bad pair from the model, scores 0: never kept
+        as evidence)."""
         x = np.asarray(features, dtype=np.float64)
         if x.ndim == 1:
             x = x[:, None]
         scaled = _sigmoid(x @ np.asarray(self.weights) + self.bias)
         if self.method == "isotonic" and self.xs:
-            return np.interp(scaled, self.xs, self.ys)
-        return scaled
+            scaled = np.interp(scaled, self.xs, self.ys)
+        return np.clip(np.nan_to_num(scaled, nan=0.0), 0.0, 1.0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,15 +104,58 @@ class Calibrator:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Calibrator:
-        return cls(
-            data["method"],
-            tuple(data.get("features", ["logit"])),
-            [float(w) for w in data["weights"]],
-            float(data.get("bias", 0.0)),
-            [float(x) for x in data.get("xs", [])],
-            [float(y) for y in data.get("ys", [])],
-        )
+    def from_json(cls, data: Any, source: str = "calibration.json") -> Calibrator:
+        """A calibrator as :meth:`to_json` wrote it, checked: one that loaded whatever it held
+        would score every passage NaN or 5.0, or fail every call, long after the start.
+
+        Raises:
+            FailedPrecondition: ``data`` (read from ``source``, which the message names) is
+                not a calibrator: an unknown method or feature, as many weights as features
+                or breakpoints ``xs`` as values ``ys`` they are not, a number that is not
+                finite, ``xs`` not strictly increasing, ``ys`` outside [0, 1].
+        """
+
+        def bad(what: str) -> FailedPrecondition:
+            return FailedPrecondition(f"{source} is not a calibrator: {what}")
+
+        def numbers(key: str, default: list[float] | None = None) -> list[float]:
+            value = data.get(key, default)
+            if not isinstance(value, list) or not all(_is_number(v) for v in value):
+                raise bad(f"{key} must be a list of numbers")
+            if not all(math.isfinite(v) for v in value):
+                raise bad(f"{key} holds a number that is not finite")
+            return [float(v) for v in value]
+
+        if not isinstance(data, dict):
+            raise bad(f"a JSON object is expected, it holds a {type(data).__name__}")
+        method = data.get("method")
+        if method not in METHODS:
+            raise bad(f"method {method!r} is none of {', '.join(METHODS)}")
+        features = data.get("features", ["logit"])
+        if not isinstance(features, list) or not features:
+            raise bad("features must be a non-empty list of feature names")
+        unknown = [str(f) for f in features if f not in FEATURES]
+        if unknown:
+            raise bad(f"unknown features {', '.join(unknown)} (known: {', '.join(FEATURES)})")
+        weights = numbers("weights")
+        if len(weights) != len(features):
+            raise bad(f"{len(weights)} weights for {len(features)} features")
+        bias = data.get("bias", 0.0)
+        if not _is_number(bias) or not math.isfinite(bias):
+            raise bad("bias must be a finite number")
+        xs, ys = numbers("xs", []), numbers("ys", [])
+        if len(xs) != len(ys):
+            raise bad(f"{len(xs)} breakpoints xs for {len(ys)} values ys")
+        if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+            raise bad("xs must be strictly increasing")
+        if any(not 0.0 <= y <= 1.0 for y in ys):
+            raise bad("ys must be probabilities, within [0, 1]")
+        return cls(method, tuple(features), weights, float(bias), xs, ys)
+
+
+def _is_number(value: Any) -> bool:
+    """A JSON number (a bool is not one, though Python counts it as an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def fit(

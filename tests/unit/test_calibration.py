@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from sklearn.preprocessing import StandardScaler
 
 from credibility import calibration
 from credibility.train import _auc
-from ragline.errors import InvalidArgument
+from ragline.errors import FailedPrecondition, InvalidArgument
 
 pytestmark = pytest.mark.unit
 
@@ -138,6 +139,56 @@ def test_checkpoint_written_before_sklearn_still_loads() -> None:
         {**old, "method": "isotonic", "features": ["logit"], "xs": [0.2, 0.8], "ys": [0.1, 0.9]}
     )
     assert iso([-20.0, 0.5, 20.0]) == pytest.approx([0.1, 0.5, 0.9])
+
+
+GOOD = {
+    "method": "isotonic",
+    "features": ["logit", "coverage"],
+    "weights": [0.7, 3.0],
+    "bias": -1.5,
+    "xs": [0.2, 0.5, 0.8],
+    "ys": [0.1, 0.4, 0.9],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"weights": [float("nan"), 3.0]}, "weights holds a number that is not finite"),
+        ({"bias": float("inf")}, "bias must be a finite number"),
+        ({"ys": [0.1, 0.4, 5.0]}, "ys must be probabilities, within [0, 1]"),
+        ({"ys": [0.1]}, "3 breakpoints xs for 1 values ys"),
+        ({"xs": [0.2, 0.2, 0.8]}, "xs must be strictly increasing"),
+        ({"method": "platt"}, "method 'platt' is none of temperature, isotonic"),
+        ({"features": ["logit", "bogus"]}, "unknown features bogus"),
+        ({"weights": [0.7]}, "1 weights for 2 features"),
+        ({"weights": ["0.7", 3.0]}, "weights must be a list of numbers"),
+    ],
+)
+def test_a_calibration_file_that_is_no_calibrator_is_refused_on_load(
+    change: dict, said: str
+) -> None:
+    """Loaded as they were, these served NaN or 5.0 as probabilities, or failed every Score
+    call with INTERNAL; now loading says which file and what is wrong."""
+    assert calibration.Calibrator.from_json(GOOD)([[0.0, 0.5]]).shape == (1,)
+    with pytest.raises(FailedPrecondition) as refused:
+        calibration.Calibrator.from_json({**GOOD, **change}, "ckpt/calibration.json")
+    assert refused.value.message.startswith("ckpt/calibration.json is not a calibrator: ")
+    assert said in refused.value.message
+    with pytest.raises(FailedPrecondition, match="a JSON object is expected, it holds a list"):
+        calibration.Calibrator.from_json([GOOD])
+
+
+def test_probabilities_stay_within_0_and_1_and_a_flat_fit_has_infinite_temperature() -> None:
+    cal = calibration.Calibrator("temperature", ("logit",), [0.0], 0.3)
+    assert cal.temperature == math.inf  # the fit found the logit worth nothing: no division
+    assert calibration.Calibrator("temperature", ("coverage",), [1.0]).temperature == math.inf
+    assert calibration.Calibrator(weights=[0.5]).temperature == pytest.approx(2.0)
+    iso = calibration.Calibrator.from_json(GOOD)
+    probs = iso(np.array([[1e9, 1.0], [-1e9, 0.0], [float("nan"), 0.5]]))
+    assert probs.tolist() == pytest.approx([0.9, 0.1, 0.0])  # a NaN feature is never evidence
+    made = calibration.Calibrator("isotonic", ("logit",), [1.0], 0.0, [0.2, 0.8], [-0.5, 1.5])
+    assert made([-30.0, 30.0]).tolist() == [0.0, 1.0]  # built by hand, unchecked: still clipped
 
 
 def test_reliability_bins_are_calibration_curves_with_counts() -> None:
