@@ -87,7 +87,74 @@ def focus_passage(query: str, passage: str, max_words: int) -> str:
 
 
 def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` holds a checkpoint's files (sound or not: see :func:`damage`)."""
     return (path / "model" / "config.json").is_file() and (path / "calibration.json").is_file()
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """The ``report.json`` of the checkpoint at ``path`` ({} when it has none).
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not JSON, or not a JSON object.
+    """
+    file = path / "report.json"
+    if not file.is_file():
+        return {}
+    report = _read_json(file)
+    if not isinstance(report, dict):
+        raise ValueError(f"report.json holds a JSON {type(report).__name__}, not an object")
+    return report
+
+
+def _read_json(file: Path) -> Any:
+    """The JSON in ``file``. Raises: OSError; ValueError naming the file."""
+    try:
+        return json.loads(file.read_text())
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise ValueError(f"{file.name} is not JSON ({exc})") from exc
+
+
+def _read_calibrator(path: Path) -> Calibrator:
+    """The checkpoint's calibrator. Raises: OSError; ValueError or FailedPrecondition (not
+    JSON, not a calibrator), naming the file."""
+    return Calibrator.from_json(_read_json(path / "calibration.json"), "calibration.json")
+
+
+def _weights_damage(folder: Path) -> str:
+    """Why the model's weights in ``folder`` cannot load ("" when their header and size
+    agree): the safetensors header is read, the tensors are not."""
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        if (folder / "pytorch_model.bin").is_file():  # an older save: loaded as it is
+            return ""
+        return f"{folder.name}/ holds no weights (model.safetensors)"
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="numpy"):
+            return ""
+    except (OSError, SafetensorError) as exc:
+        return f"{folder.name}/{weights.name}: {_said(exc)}"
+
+
+def damage(path: Path) -> str:
+    """Why the checkpoint at ``path`` cannot be served ("" when it can, as far as a quick
+    look tells): no weights or cut-short ones, a calibration or report that is not theirs.
+    Cheap (no model is loaded): ``ragline credibility train --if-missing`` asks it before
+    keeping a checkpoint, so ``make run`` retrains a damaged one instead of failing later."""
+    try:
+        _read_calibrator(path)
+        read_report(path)
+    except (OSError, ValueError, FailedPrecondition) as exc:
+        return _said(exc)
+    return _weights_damage(path / "model")
+
+
+def _said(exc: BaseException) -> str:
+    """An error in one line: its message (a domain error's own), else its type."""
+    text = exc.message if isinstance(exc, FailedPrecondition) else str(exc)
+    return " ".join(text.split()) or type(exc).__name__
 
 
 def check_out_dir(path: Path) -> None:
@@ -123,10 +190,9 @@ def features_version(path: Path) -> int:
     """The lexical-features version a checkpoint was calibrated on (1 when it predates the
     record)."""
     try:
-        report = json.loads((path / "report.json").read_text())
-    except (OSError, ValueError):
+        return int(read_report(path).get("features_version", 1))
+    except (OSError, ValueError, TypeError):
         return 1
-    return int(report.get("features_version", 1))
 
 
 def stale_reason(path: Path, report: dict[str, Any] | None = None) -> str:
@@ -172,8 +238,11 @@ class PairClassifier:
 
     @property
     def model_id(self) -> str:
-        if not self.report and (self.checkpoint / "report.json").is_file():
-            self.report = json.loads((self.checkpoint / "report.json").read_text())
+        if not self.report:
+            try:
+                self.report = read_report(self.checkpoint)
+            except (OSError, ValueError):  # damaged: warm_up says so; the folder names it
+                return self.checkpoint.name
         return str(self.report.get("model_id") or self.checkpoint.name)
 
     def warm_up(self) -> None:
@@ -185,29 +254,43 @@ class PairClassifier:
                     f"no credibility checkpoint at {self.checkpoint}; train one with "
                     "`ragline credibility train` (make run does it after ingest)"
                 )
-            import torch
-            from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-            if self.threads > 0:
-                torch.set_num_threads(self.threads)
-            folder = self.checkpoint / "model"
-            tokenizer = AutoTokenizer.from_pretrained(folder)
-            model = AutoModelForSequenceClassification.from_pretrained(folder)
-            model.eval()
-            if self.quantize:
-                model = torch.ao.quantization.quantize_dynamic(
-                    model, {torch.nn.Linear}, dtype=torch.qint8
-                )
-            self.calibrator = Calibrator.from_json(
-                json.loads((self.checkpoint / "calibration.json").read_text())
-            )
-            report = self.checkpoint / "report.json"
-            self.report = json.loads(report.read_text()) if report.is_file() else {}
+            try:
+                tokenizer, model, calibrator, report = self._load()
+            except Exception as exc:
+                # A cut-short weights file, a calibration or report that is not one: whatever
+                # transformers, safetensors or json raise, it is the checkpoint, not a bug.
+                raise FailedPrecondition(
+                    f"credibility checkpoint at {self.checkpoint} is damaged: {_said(exc)}; "
+                    "retrain it with `ragline credibility train`"
+                ) from exc
+            self.calibrator, self.report = calibrator, report
             if stale := stale_reason(self.checkpoint, self.report):
                 logger.warning(stale)
             self._tokenizer = tokenizer
             self._model = model
             logger.info("credibility classifier loaded from %s", self.checkpoint)
+
+    def _load(self) -> tuple[Any, Any, Calibrator, dict[str, Any]]:
+        """The checkpoint's tokenizer, model, calibrator and report, as they load (any
+        error of theirs raised as it is)."""
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        folder = self.checkpoint / "model"
+        calibrator = _read_calibrator(self.checkpoint)  # the cheap checks first
+        report = read_report(self.checkpoint)
+        if weights := _weights_damage(folder):
+            raise ValueError(weights)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForSequenceClassification.from_pretrained(folder)
+        model.eval()
+        if self.quantize:
+            model = torch.ao.quantization.quantize_dynamic(
+                model, {torch.nn.Linear}, dtype=torch.qint8
+            )
+        return tokenizer, model, calibrator, report
 
     def pair_logits(self, queries: Sequence[str], passages: Sequence[str]) -> np.ndarray:
         """Raw logits for (query, passage) pairs, in batches."""

@@ -858,6 +858,7 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
         PACKAGED_BASE,
         check_base,
         check_out_dir,
+        damage,
         is_checkpoint,
         stale_reason,
     )
@@ -868,10 +869,16 @@ def cmd_credibility_train(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.out) if args.out else settings.credibility.model_dir
     if args.if_missing and is_checkpoint(out):
-        if not (stale := stale_reason(out)):
+        # a checkpoint that cannot be served counts as missing: `make run` retrains it
+        if damaged := damage(out):
+            print(
+                f"retraining: the credibility checkpoint at {out} is damaged: {damaged}", flush=True
+            )
+        elif not (stale := stale_reason(out)):
             print(f"credibility checkpoint present at {out}: nothing to do")
             return 0
-        print(f"retraining: {stale}", flush=True)
+        else:
+            print(f"retraining: {stale}", flush=True)
     config_t = TrainConfig(
         base=args.base or PACKAGED_BASE,
         epochs=args.epochs,
@@ -1328,7 +1335,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--if-missing",
         action="store_true",
         help="do nothing if --out holds a checkpoint calibrated on this code's features "
-        "(one calibrated on older features is retrained)",
+        "(one calibrated on older features, or damaged, is retrained)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_credibility_train)

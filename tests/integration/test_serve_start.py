@@ -3,7 +3,9 @@ trace, no port left open, never SERVING with an index folder it cannot write."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -90,6 +92,53 @@ def test_a_gateway_whose_client_tls_file_is_missing_says_so_before_serving(
     assert done.returncode == 2
     assert f"{tmp_path / 'gone-ca.pem'}: no such file" in done.stderr
     assert "serving on" not in done.stderr and "Traceback" not in done.stderr
+
+
+def _checkpoint(path: Path) -> Path:
+    """A credibility checkpoint that loads: the packaged SPLADE-tiny body (its classifier head
+    untrained) and the identity calibration; what is damaged is the test's to choose."""
+    from credibility.calibration import Calibrator
+    from credibility.model import PACKAGED_BASE, resolve_base
+
+    base = Path(resolve_base(PACKAGED_BASE))
+    (path / "model").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(base / name, path / "model" / name)
+    (path / "calibration.json").write_text(json.dumps(Calibrator().to_json()))
+    (path / "report.json").write_text(json.dumps({"model_id": "packaged-body"}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("damaged", "said"),
+    [
+        ("weights cut short", "model/model.safetensors: Error while deserializing header"),
+        ("report a list", "report.json holds a JSON list, not an object"),
+    ],
+)
+def test_a_damaged_credibility_checkpoint_is_one_line_not_a_traceback(
+    tmp_path: Path, redis_url: str, damaged: str, said: str
+) -> None:
+    checkpoint = _checkpoint(tmp_path / "credibility")
+    if damaged == "weights cut short":  # a copy or download that stopped part way
+        weights = checkpoint / "model" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        (checkpoint / "report.json").write_text("[1, 2]")
+    done = serve(
+        tmp_path,
+        redis_url,
+        f"--port={free_port()}",
+        "--role=credibility",
+        RAGLINE_CREDIBILITY_BACKEND="auto",
+        RAGLINE_CREDIBILITY_MODEL_DIR=str(checkpoint),
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr
+    assert errors[0].startswith(f"error: credibility checkpoint at {checkpoint} is damaged: {said}")
+    assert errors[0].endswith("; retrain it with `ragline credibility train`")
+    assert "Traceback" not in done.stderr and "serving on" not in done.stderr
 
 
 def test_the_request_log_is_one_json_object_a_line_naming_the_caller(

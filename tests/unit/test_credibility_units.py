@@ -342,9 +342,15 @@ def test_too_few_pairs_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _fake_checkpoint(path: Path, report: dict) -> Path:
+    """A checkpoint's files, sound as far as ``damage`` looks (no model that loads)."""
+    from safetensors.numpy import save_file
+
     (path / "model").mkdir(parents=True)
     (path / "model" / "config.json").write_text("{}")
-    (path / "calibration.json").write_text("{}")
+    save_file(
+        {"classifier.weight": np.zeros((1, 4), np.float32)}, path / "model" / "model.safetensors"
+    )
+    (path / "calibration.json").write_text(json.dumps(calibration.Calibrator().to_json()))
     (path / "report.json").write_text(json.dumps(report))
     return path
 
@@ -374,6 +380,50 @@ def test_a_checkpoint_calibrated_on_other_features_is_retrained(
     assert "retraining:" in captured.out
     assert "empty" in captured.err
     assert (old / "report.json").read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("damaged", "said"),
+    [
+        ("weights cut short", "model/model.safetensors: Error while deserializing header"),
+        ("no weights", "model/ holds no weights (model.safetensors)"),
+        ("report a list", "report.json holds a JSON list, not an object"),
+        ("calibration cut short", "calibration.json is not JSON"),
+        ("calibration of NaN", "calibration.json is not a calibrator: weights holds a number"),
+    ],
+)
+def test_a_damaged_checkpoint_counts_as_missing_and_is_retrained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damaged: str, said: str
+) -> None:
+    """``make run`` trains with ``--if-missing``: a checkpoint that cannot be served is
+    retrained, not kept to fail ``ragline serve`` (it is still a checkpoint, so the training
+    replaces it)."""
+    from credibility.lexical import FEATURES_VERSION
+    from credibility.model import damage, is_checkpoint
+    from services.cli import main
+
+    path = _fake_checkpoint(tmp_path / "model", {"features_version": FEATURES_VERSION})
+    assert damage(path) == ""
+    weights = path / "model" / "model.safetensors"
+    if damaged == "weights cut short":
+        weights.write_bytes(weights.read_bytes()[:40])
+    elif damaged == "no weights":
+        weights.unlink()
+    elif damaged == "report a list":
+        (path / "report.json").write_text("[1, 2]")
+    elif damaged == "calibration cut short":
+        (path / "calibration.json").write_text('{"method": "isot')
+    else:
+        (path / "calibration.json").write_text(
+            json.dumps({**calibration.Calibrator().to_json(), "weights": [float("nan")]})
+        )
+    assert is_checkpoint(path) and said in damage(path)
+    argv = ["credibility", "train", "--if-missing", "-q", "--out", str(path)]
+    assert main([*argv, "--index-dir", str(tmp_path / "empty-index")]) != 0
+    captured = capsys.readouterr()
+    assert f"retraining: the credibility checkpoint at {path} is damaged: " in captured.out
+    assert said in captured.out and "nothing to do" not in captured.out
+    assert "empty" in captured.err  # it got as far as the (here empty) index
 
 
 def test_a_checkpoint_folder_of_other_files_is_refused_before_training(
