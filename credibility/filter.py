@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -15,6 +16,8 @@ from credibility.lexical import chunk_context
 from credibility.model import PairClassifier
 from ragline.errors import Unavailable
 from ragline.types import Hit
+
+logger = logging.getLogger(__name__)
 
 
 class Scored(NamedTuple):
@@ -35,7 +38,8 @@ class EvidenceFilter(Protocol):
         """A score per hit; hits at or above the threshold are kept.
 
         Raises:
-            Unavailable: the filter could not score in time (the caller decides what then).
+            Unavailable: the filter could not score, in time or at all (the caller decides
+                what then: the fallback filter, or UNAVAILABLE).
         """
         ...
 
@@ -121,6 +125,7 @@ class ClassifierFilter(Thresholded):
         super().__init__(threshold)
         self.classifier = classifier
         self.timeout_s = timeout_s
+        self._failures_logged: set[str] = set()
 
     @property
     def model_id(self) -> str:
@@ -143,5 +148,17 @@ class ClassifierFilter(Thresholded):
             raise Unavailable(
                 f"the credibility classifier did not answer within {self.timeout_s:g} s",
                 retry_after_s=1.0,
+            ) from exc
+        except Exception as exc:  # not CancelledError (a BaseException): the caller left
+            # Any other failure (torch, the calibrator) is the classifier failing, which
+            # RAGLINE_CREDIBILITY_ON_UNAVAILABLE covers: Unavailable, so the fallback applies
+            # (or the caller gets UNAVAILABLE, not INTERNAL). The trace is logged the first
+            # time a failure is seen, not on every request it fails.
+            said = f"{type(exc).__name__}: {exc}"
+            if said not in self._failures_logged and len(self._failures_logged) < 100:
+                self._failures_logged.add(said)
+                logger.error("the credibility classifier failed", exc_info=exc)
+            raise Unavailable(
+                f"the credibility classifier failed ({type(exc).__name__})", retry_after_s=1.0
             ) from exc
         return [float(p) for p in probs]

@@ -4,6 +4,7 @@ loaded into real gRPC servers, and the pipeline's behaviour when it is down."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import pytest_asyncio
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from credibility.calibration import Calibrator
 from credibility.distant import DistantConfig, pairs_from_index
+from credibility.filter import ClassifierFilter, ScoreFloorFilter
 from credibility.lexical import context_of
 from credibility.model import PairClassifier, encode_pairs, is_checkpoint
 from credibility.train import TrainConfig, train
@@ -21,10 +24,13 @@ from eval.runner import Runner
 from generator.parts import bounded_asks
 from ingest.batch import run_batch
 from ingest.chunker import ChunkerConfig
+from ragline.errors import Unavailable
+from ragline.types import Chunk, Hit
 from ragline.v1 import ragline_pb2, ragline_pb2_grpc, stages_pb2, stages_pb2_grpc
 from retriever.encoders import SpladeEncoder
 from retriever.indexer import Indexer
 from services.convert import hits_from_pb
+from services.gateway import Gateway, Limits
 from services.server import RunningServer
 from tests.conftest import make_indexer, make_settings, serve_beside, stop_beside
 
@@ -287,6 +293,38 @@ async def test_credibility_down_means_unavailable_for_answer_not_retrieve(
             assert stats.counters["ragline_evidence_filter_failures_total"] >= 2
     finally:
         await stop_beside(running)
+
+
+async def test_a_classifier_that_fails_falls_back_as_one_that_is_late_does(
+    checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RAGLINE_CREDIBILITY_ON_UNAVAILABLE=score_floor: 'when the classifier fails or misses
+    its deadline'. A failure inside the classifier (here its calibrator, bent after loading
+    so that interpolating raises ValueError) is UNAVAILABLE like a timeout: the floor
+    scores instead, or without a fallback the caller gets UNAVAILABLE, not INTERNAL."""
+    classifier = PairClassifier(checkpoint, threads=1)
+    classifier.warm_up()
+    classifier.calibrator = Calibrator("isotonic", ("logit",), [1.0], 0.0, [0.2, 0.8], [0.5])
+    chunk = Chunk(
+        "c0", "frob", 0, "Set FROB_HOME to the site configuration folder.", (1,), "frob.pdf"
+    )
+    hits = [Hit(chunk=chunk, score=20.0, stage_scores={"sparse": 20.0})]
+    question = "Which variable gives the site configuration folder?"
+    limits = Limits(default_k=4, max_k=20, max_query_chars=2000)
+    falls_back = Gateway(
+        limits, evidence_filter=ClassifierFilter(classifier), fallback_filter=ScoreFloorFilter(8)
+    )
+    with caplog.at_level(logging.ERROR, logger="credibility.filter"):
+        for _ in range(2):
+            kept = await falls_back.select_evidence(question, hits)
+            assert [h.stage_scores["score_floor"] for h in kept] == [20.0]
+    assert falls_back.filter_fallbacks == 2
+    traces = [r for r in caplog.records if r.exc_info]
+    assert len(traces) == 1 and "fp and xp are not of the same length" in caplog.text
+    fails = Gateway(limits, evidence_filter=ClassifierFilter(classifier))
+    with pytest.raises(Unavailable, match=r"the credibility classifier failed \(ValueError\)"):
+        await fails.select_evidence(question, hits)
+    assert fails.filter_failures == 1
 
 
 async def test_remote_credibility_service_and_the_documented_fallback(
