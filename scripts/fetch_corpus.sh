@@ -11,6 +11,10 @@ full=${FULL:-0}
 case "$full" in 0|1) ;; *) echo "FULL=$full: 0 (the R manuals) or 1 (the whole eval corpus)" >&2; exit 2 ;; esac
 debs=data/debs
 mkdir -p "$dest" "$debs"
+# Packages unpack into a folder of this run's own: two runs at once (make corpus beside a test
+# fixture's) never remove or overwrite what the other is copying from.
+work=$(mktemp -d "$debs/unpacked.XXXXXX")
+trap 'rm -rf "$work"' EXIT
 
 whole() {  # every named PDF there and complete (a copy cut short has no %%EOF at its end)
   local f
@@ -36,7 +40,7 @@ fetch() {  # package, sha256 of the .deb as recorded in the eval corpus manifest
   if [ -n "$sha" ] && ! echo "$sha  $deb" | sha256sum -c --quiet -; then
     echo "warning: $deb does not match the corpus manifest's sha256 (a newer package?)" >&2
   fi
-  rm -rf "$debs/$pkg" && dpkg-deb -x "$deb" "$debs/$pkg"
+  dpkg-deb -x "$deb" "$work/$pkg"
 }
 
 manuals=(R-intro.pdf R-data.pdf R-admin.pdf R-exts.pdf R-FAQ.pdf R-ints.pdf R-lang.pdf)
@@ -45,7 +49,7 @@ if ! whole "${manuals[@]}"; then
   fetch r-doc-pdf beb104ad5818d261f280a868294645ca31d7c63365f2c9a55aa3ca9aad5aa71d
   # fullrefman.pdf is a text-identical duplicate of refman.pdf: never both.
   for f in "${manuals[@]}"; do
-    place "$debs/r-doc-pdf/usr/share/R/doc/manual/$f"
+    place "$work/r-doc-pdf/usr/share/R/doc/manual/$f"
   done
 fi
 samples=(acmart/samples/sample-sigconf.pdf tugboat/ltubguid.pdf elsarticle/elsdoc.pdf
@@ -53,10 +57,9 @@ samples=(acmart/samples/sample-sigconf.pdf tugboat/ltubguid.pdf elsarticle/elsdo
          ieeetran/testflow_doc.pdf revtex/sample/aps/apssamp.pdf)
 if [ "$full" = 1 ] && ! whole "${samples[@]##*/}"; then
   fetch texlive-publishers-doc 9b632913d4b0d0871bef41c414fc7ce1167e3bacb55b140901df0c95df1c5765
-  base="$debs/texlive-publishers-doc/usr/share/doc/texlive-doc/latex"
+  base="$work/texlive-publishers-doc/usr/share/doc/texlive-doc/latex"
   for p in "${samples[@]}"; do
     place "$base/$p"
   done
 fi
-rm -rf "$debs"/*/
 echo "corpus: $(ls "$dest"/*.pdf | wc -l) PDFs in $dest"
