@@ -13,6 +13,7 @@ import email.utils
 import json
 import logging
 import math
+import re
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -237,35 +238,48 @@ def _retry_after(value: str) -> float | None:
     return min(max(seconds, 0.0), 3600.0)
 
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """The lines of a byte stream (``\n`` or ``\r\n`` ended), each decoded on its own (a
-    character split across chunks stays whole), none longer than :data:`MAX_EVENT_BYTES`."""
+    """The lines of a byte stream, ended as event streams may end them (``\\r\\n``, ``\\r``
+    or ``\\n``; a ``\\r`` at a chunk's end waits for the next chunk's first byte), each
+    decoded on its own (a character split across chunks stays whole), none longer than
+    :data:`MAX_EVENT_BYTES`.
+
+    Raises:
+        _ServerError: a line over :data:`MAX_EVENT_BYTES`.
+    """
     pending = bytearray()
     async for chunk in chunks:
-        *whole, rest = chunk.split(b"\n")
-        for part in whole:
-            pending += part
-            if len(pending) > MAX_EVENT_BYTES:
+        pending += chunk
+        start = 0
+        while (end := _LINE_END.search(pending, start)) is not None:
+            if end.group() == b"\r" and end.end() == len(pending):  # perhaps half a \r\n
                 break
-            yield pending.rstrip(b"\r").decode("utf-8", "replace")
-            pending.clear()
-        pending += rest
-        if len(pending) > MAX_EVENT_BYTES:
+            if end.start() - start > MAX_EVENT_BYTES:
+                break
+            yield pending[start : end.start()].decode("utf-8", "replace")
+            start = end.end()
+        del pending[:start]
+        if len(pending) > MAX_EVENT_BYTES + 1:
             raise _ServerError(f"sent a line over {MAX_EVENT_BYTES} bytes")
     if pending:
         yield pending.rstrip(b"\r").decode("utf-8", "replace")
 
 
 async def _sse_deltas(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Text deltas from an OpenAI chat-completion event stream, until ``[DONE]``.
+    """Text deltas from an OpenAI chat-completion event stream, until ``[DONE]`` (or, from a
+    server that never sends it, the end of a stream whose last chunk gave a finish reason).
 
     Raises:
         _ServerError: an event over :data:`MAX_EVENT_BYTES`, one of another shape, or the
-            stream's end before ``[DONE]``.
+            stream's end before ``[DONE]`` or a finish reason.
         Unavailable: the server sent an error event.
     """
     data: list[str] = []
     size = 0
+    finished = False
     async for line in lines:
         if line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
@@ -279,16 +293,22 @@ async def _sse_deltas(lines: AsyncIterator[str]) -> AsyncIterator[str]:
         data, size = [], 0
         if event == "[DONE]":
             return
-        delta = _delta_text(event)
+        delta, finished = _delta_text(event)
         if delta:
             yield delta
     if data == ["[DONE]"]:  # the last blank line missing
         return
-    raise _ServerError("the stream ended before [DONE]")
+    if data:
+        delta, finished = _delta_text("\n".join(data))
+        if delta:
+            yield delta
+    if not finished:
+        raise _ServerError("the stream ended before [DONE] or a finish reason")
 
 
-def _delta_text(event: str) -> str:
-    """The text of one chat-completion chunk (``choices[].delta.content``).
+def _delta_text(event: str) -> tuple[str, bool]:
+    """The text of one chat-completion chunk (``choices[].delta.content``), and whether a
+    choice in it gave a ``finish_reason`` (the answer is complete).
 
     Raises:
         _ServerError: the event is not JSON of that shape.
@@ -306,11 +326,12 @@ def _delta_text(event: str) -> str:
     choices = chunk.get("choices") or []
     if not isinstance(choices, list):
         raise _ServerError("sent choices that are not a list")
-    text = ""
+    text, finished = "", False
     for choice in choices:
         delta = choice.get("delta") or {} if isinstance(choice, dict) else None
         content = delta.get("content") or "" if isinstance(delta, dict) else None
         if not isinstance(content, str):
             raise _ServerError("sent a choice that is not {delta: {content: text}}")
         text += content
-    return text
+        finished = finished or bool(choice.get("finish_reason"))
+    return text, finished

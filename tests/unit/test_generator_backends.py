@@ -166,6 +166,24 @@ async def test_a_stream_cut_or_running_past_max_tokens_is_broken() -> None:
         await backend.aclose()
 
 
+async def test_line_endings_and_a_missing_done_as_servers_send_them() -> None:
+    """CR-only and CRLF line endings (the event-stream format allows all three); a server that
+    never sends [DONE] but ends its last chunk with a finish reason (older llama.cpp and TGI
+    servers) has answered, not broken."""
+    chunk = json.dumps({"choices": [{"delta": {"content": "kiln"}}]})
+    last = json.dumps({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+    replies: list[tuple[int, bytes] | tuple[int, bytes, dict[str, str]]] = [
+        (200, f"data: {chunk}\r\rdata: [DONE]\r\r".encode()),
+        (200, f"data: {chunk}\r\n\r\ndata: [DONE]\r\n\r\n".encode()),
+        (200, f"data: {chunk}\n\ndata: {last}\n\n".encode()),
+    ]
+    async with FakeServer(replies) as url:
+        backend = OpenAIBackend(url, "m", retries=0)
+        for _ in replies:
+            assert await _collect(backend.stream(MESSAGES, 8)) == ["kiln"]
+        await backend.aclose()
+
+
 async def test_a_password_in_the_base_url_is_never_shown() -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
