@@ -60,15 +60,25 @@ def _scored(qid: str, docs: list[str]) -> list[ir_measures.ScoredDoc]:
     return [ir_measures.ScoredDoc(qid, doc, float(len(docs) - i)) for i, doc in enumerate(docs)]
 
 
-def credibility_metrics(rows: Sequence[dict], threshold: float) -> dict[str, Any] | None:
-    """Precision/recall of kept passages (gold: gold page + contains the answer)."""
+def credibility_metrics(
+    rows: Sequence[dict], threshold: float, per_row: bool = False
+) -> dict[str, Any] | None:
+    """Precision/recall of kept passages (gold: gold page + contains the answer), kept at
+    ``threshold``; with ``per_row``, each row at the threshold its Score reply says was
+    applied to it where it says one (a fallback filter's raw scores at its own floor, not at
+    a probability)."""
     scored = [r for r in rows if r.get("candidates")]
     if not scored:
         return None
+
+    def passes(row: dict, cand: dict) -> bool:
+        at = (row.get("threshold") or threshold) if per_row else threshold
+        return bool(cand["score"] >= at)
+
     kept_gold = kept = gold = 0
     for row in scored:
         for cand in row["candidates"]:
-            is_kept = cand["score"] >= threshold
+            is_kept = passes(row, cand)
             kept += is_kept
             gold += cand["gold"]
             kept_gold += is_kept and cand["gold"]
@@ -78,17 +88,12 @@ def credibility_metrics(rows: Sequence[dict], threshold: float) -> dict[str, Any
         "threshold": threshold,
         "precision": kept_gold / kept if kept else None,
         "recall": kept_gold / gold if gold else None,
-        "kept_per_query": _mean(
-            [sum(c["score"] >= threshold for c in r["candidates"]) for r in scored]
-        ),
+        "kept_per_query": _mean([sum(passes(r, c) for c in r["candidates"]) for r in scored]),
         "unanswerable_reaching_generator": _mean(
-            [float(any(c["score"] >= threshold for c in r["candidates"])) for r in unanswerable]
+            [float(any(passes(r, c) for c in r["candidates"])) for r in unanswerable]
         ),
         "answerable_keeping_gold": _mean(
-            [
-                float(any(c["gold"] and c["score"] >= threshold for c in r["candidates"]))
-                for r in answerable
-            ]
+            [float(any(c["gold"] and passes(r, c) for c in r["candidates"])) for r in answerable]
         ),
     }
 

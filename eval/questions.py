@@ -59,16 +59,19 @@ def normalize_text(text: str) -> str:
 
 
 _MARKER = r"\[\s*\d+(?:\s*[,;-]\s*\d+)*\s*\]"
-_CITATION = re.compile(rf"(?<![\w\]\[)])(?:{_MARKER})+")
-"""A run of citation markers: ``[2]``, ``[1, 3]``, ``[2-4]``, ``[1][2]``. Not one attached to
-a word or a closing bracket: that is R indexing (``x[1]``, ``lst[[2]]``, ``dim(m)[2]``), part of
-the answer."""
+_CITATIONS = re.compile(rf"(?:{_MARKER})+")
+"""A run of citation markers: ``[2]``, ``[1, 3]``, ``[2-4]``, ``[1][2]``."""
+_FREE_CITATIONS = re.compile(rf"(?<![\w\]\[)])(?:{_MARKER})+")
+"""Such a run not attached to a word or a closing bracket (which is R indexing: ``x[1]``,
+``lst[[2]]``, ``dim(m)[2]``)."""
 
 
-def strip_citations(answer: str) -> str:
-    """The answer's text without its citation markers: gold "4" must not match ``[4]``, while
-    gold ``x[1]`` still matches an answer that writes it."""
-    return _CITATION.sub(" ", answer)
+def strip_citations(answer: str, indexing: bool = False) -> str:
+    """The answer's text without its citation markers: gold "4" must not match ``[4]``, nor
+    ``TRUE[4]`` (a marker a model glued to the word it cites). With ``indexing`` (a gold
+    that writes brackets itself) a marker attached to a word stays: it is R indexing, and
+    gold ``x[1]`` must match an answer that writes it."""
+    return (_FREE_CITATIONS if indexing else _CITATIONS).sub(" ", answer)
 
 
 def occurs(part: str, text: str) -> bool:
@@ -91,9 +94,12 @@ def fold_lists(text: str) -> str:
 
 def answer_matches(answer: str, golds: Iterable[str]) -> bool:
     """Strict judging: a gold answer occurs, as whole words, in the answer's text without its
-    citation markers (case, quotes, whitespace and list style folded); ``a; b`` golds need
+    citation markers (case, quotes, whitespace and list style folded; markers attached to a
+    word are kept only when a gold writes brackets itself: R indexing); ``a; b`` golds need
     every part."""
-    text = fold_lists(normalize_text(strip_citations(answer)))
+    golds = list(golds)
+    indexing = any("[" in gold for gold in golds)
+    text = fold_lists(normalize_text(strip_citations(answer, indexing)))
     for gold in golds:
         parts = [fold_lists(normalize_text(p)) for p in gold.split(";")]
         if all(occurs(p, text) for p in parts):

@@ -43,7 +43,7 @@ def build_report(
         retrieval["strict"] = retrieval_metrics(ok, strict=True)  # type: ignore[assignment]
     return {
         "retrieval": retrieval,
-        "credibility": credibility_metrics(ok, threshold),
+        "credibility": credibility_metrics(ok, threshold, per_row=True),
         "credibility_curve": precision_recall_curve(ok),
         "answers": answer_metrics(ok),
         "latency_ms": _latencies(ok, ("retrieve", "answer", "first_token", "retrieve_cache_hit")),

@@ -95,8 +95,10 @@ class Runner:
         ``max_evidence``."""
         best: list[float] = []
         threshold: float | None = None
+        first = None  # the filter that scored the whole question: a part another scored
         for text in [query, *(bounded_asks(query) if self.parts else [])]:
-            scores: list[float] = []
+            scores: list[float] = []  # (the stage's fallback, raw scores) is not on its scale
+            filters = set()
             for start in range(0, len(hits), self.batch):
                 scored = await self.credibility.Score(
                     stages_pb2.ScoreRequest(
@@ -106,6 +108,11 @@ class Runner:
                 )
                 threshold = float(scored.threshold) if threshold is None else threshold
                 scores += [float(x) for x in scored.scores]
+                filters.add(scored.filter)
+            if first is None:
+                first = filters
+            elif filters != first:
+                continue
             best = [max(a, b) for a, b in zip(best, scores, strict=True)] if best else scores
         return best, threshold or 0.0
 

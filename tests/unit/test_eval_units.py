@@ -155,6 +155,10 @@ def test_r_indexing_in_an_answer_is_not_taken_for_a_citation() -> None:
     assert not answer_matches("Nothing here says so [2] [3].", ["3"])
     assert not answer_matches("Nothing here says so [1, 3][2-3].", ["3"])
     assert not answer_matches("Read the appendix ([3]).", ["3"])
+    # a gold without brackets: a marker glued to a word is a citation, not the answer
+    assert not answer_matches("The default is TRUE[4].", ["4"])
+    assert not answer_matches("It returns NULL[2][3]", ["3"])
+    assert answer_matches("The default is TRUE[4].", ["TRUE"])
 
 
 def test_a_passage_holds_a_gold_answer_only_as_whole_words() -> None:
@@ -452,6 +456,23 @@ def test_the_report_takes_the_threshold_the_score_replies_applied() -> None:
     assert _applied_threshold([{"candidates": []}], floor, 0.7) == 0.7
     assert _applied_threshold([{"candidates": []}], floor) == 6.5
     assert _applied_threshold([], {}) == 0.0
+
+
+def test_rows_a_fallback_scored_are_measured_at_its_own_threshold() -> None:
+    """A run where the stage's floor answered one question (raw scores, its floor 8): that
+    row's passages are kept as the floor kept them, not at the probability 0.8."""
+    from eval.metrics import credibility_metrics
+
+    def row(threshold: float, *scores: tuple[float, bool]) -> dict:
+        candidates = [{"score": score, "gold": gold} for score, gold in scores]
+        return {"answerable": True, "threshold": threshold, "candidates": candidates}
+
+    rows = [row(0.8, (0.9, True), (0.5, False)), row(8.0, (25.0, True), (4.0, False))]
+    mixed = credibility_metrics(rows, 0.8, per_row=True)
+    assert mixed is not None
+    assert (mixed["precision"], mixed["kept_per_query"]) == (1.0, 1.0)
+    one_scale = credibility_metrics(rows, 0.8)  # the curve's: every row at one threshold
+    assert one_scale is not None and one_scale["kept_per_query"] == 1.5
 
 
 def test_a_question_file_with_nothing_readable_is_an_error_not_a_report(
