@@ -15,6 +15,7 @@ mkdir -p "$dest" "$debs"
 # fixture's) never remove or overwrite what the other is copying from.
 work=$(mktemp -d "$debs/unpacked.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+rm -rf "$debs/r-doc-pdf" "$debs/texlive-publishers-doc"  # where earlier versions unpacked
 
 whole() {  # every named PDF there and complete (a copy cut short has no %%EOF at its end)
   local f
