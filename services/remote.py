@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from grpc_status import rpc_status
 
-from credibility.filter import Scored, Thresholded
+from credibility.filter import ClassifierFilter, Scored, Thresholded
 from generator.contract import Reason
 from ingest.batch import IngestReport
 from ragline import errors
@@ -408,20 +408,22 @@ class RemoteFilter(StageClient, Thresholded):
         return (await self.judge(query, hits)).scores
 
     async def judge(self, query: str, hits: Sequence[Hit], threshold: float = 0.0) -> Scored:
-        """The stage's judgement of ``hits``. It is sent ``threshold`` (0: this process's
-        own, ``RAGLINE_CREDIBILITY_THRESHOLD``, as a request without one means here); the
-        stage applies it to probabilities and its own threshold to other scores.
+        """The stage's judgement of ``hits``. It is sent a request's ``threshold`` as asked
+        (0: none), which the stage applies to probabilities and not to other scores. Without
+        one, the classifier's probabilities are kept at this process's own
+        ``RAGLINE_CREDIBILITY_THRESHOLD`` (the gateway's setting governs, as with a local
+        filter; sent to the stage it could be refused by the stage's request bounds);
+        another filter's scores (the floor) as the stage kept them.
 
         Raises:
             Unavailable: the stage could not score, or answered out of shape, or judged the
                 parts of one ranking by different filters (its own fallback scored some):
                 scores of two scales cannot be one ranking's.
         """
-        asked = threshold or self.threshold
         if not hits:
-            return Scored(self.name, [], asked, [])
+            return Scored(self.name, [], threshold or self.threshold, [])
         parts = [hits[i : i + self.batch] for i in range(0, len(hits), self.batch)]
-        replies = await asyncio.gather(*(self._score(query, part, asked) for part in parts))
+        replies = await asyncio.gather(*(self._score(query, part, threshold) for part in parts))
         judged = {(reply.name, reply.threshold) for reply in replies}
         if len(judged) > 1:
             raise errors.Unavailable(
@@ -429,9 +431,13 @@ class RemoteFilter(StageClient, Thresholded):
                 f"({', '.join(f'{n} at {t:g}' for n, t in sorted(judged))})",
                 retry_after_s=RETRY_AFTER_S,
             )
+        scores = [score for reply in replies for score in reply.scores]
+        if replies[0].name == ClassifierFilter.name and not threshold:
+            kept = [score >= self.threshold for score in scores]
+            return Scored(ClassifierFilter.name, scores, self.threshold, kept)
         return Scored(
             replies[0].name,
-            [score for reply in replies for score in reply.scores],
+            scores,
             replies[0].threshold,
             [kept for reply in replies for kept in reply.kept],
         )

@@ -364,6 +364,12 @@ async def test_the_gateway_keeps_what_a_credibility_role_without_a_model_keeps(
         judged = await gateway.score_hits(question, hits)  # what the stage said, passed on
         assert (judged.name, judged.threshold) == ("score_floor", 8.0)
         assert judged.scores == [25.0, 4.0, 1.5] and judged.kept == [True, False, False]
+        # the gateway's own threshold, below the stage's request bounds (0.5): never sent
+        # as if a request had asked it (the stage refused it, and every Answer with it)
+        settings.credibility.threshold = 0.3
+        gateway = Gateway(build_limits(settings), evidence_filter=build_filter(settings))
+        kept = await gateway.select_evidence(question, hits)
+        assert [h.chunk.chunk_id for h in kept] == ["c0"]
     finally:
         role.stop()
 
