@@ -490,7 +490,8 @@ async def test_tls_for_clients_and_mutual_tls_between_services(  # type: ignore[
             )
             assert refused.code() == grpc.StatusCode.UNAVAILABLE
         scored = await gateway.gateway.retrieve("frobctl install", 3, score_evidence=True)
-        assert all("credibility" in h.stage_scores for h in scored.hits)
+        # scored over mTLS by the stage, which names its filter (no checkpoint: the floor)
+        assert scored.hits and all("score_floor" in h.stage_scores for h in scored.hits)
         # a caller of the internal port without a client certificate is refused
         client.tls_client_cert_file = client.tls_client_key_file = None
         async with open_channel(client, f"localhost:{stage.internal_port}", aio=True) as ch:
@@ -546,7 +547,7 @@ async def test_the_deployment_certificates_secure_the_stage_hop(  # type: ignore
 
     try:
         scored = await gateway.gateway.retrieve("frobctl install", 3, score_evidence=True)
-        assert scored.hits and all("credibility" in h.stage_scores for h in scored.hits)
+        assert scored.hits and all("score_floor" in h.stage_scores for h in scored.hits)
         # a certificate from another CA is refused on the stage port
         other = make_certs(tmp_path / "other")
         stranger = Settings().server
