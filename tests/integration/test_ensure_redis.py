@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from services.cluster import free_port
 
@@ -48,7 +50,9 @@ def ports() -> Iterator[list[tuple[str, int]]]:
     for host, port in taken:
         for password in (None, "kiln-secret"):
             try:
-                redis.Redis(host, port, password=password, socket_timeout=2).shutdown(nosave=True)
+                redis.Redis(  # no retries: most are already gone (redis-py backs off ~4 s)
+                    host, port, password=password, socket_timeout=2, retry=Retry(NoBackoff(), 0)
+                ).shutdown(nosave=True)
             except redis.exceptions.ConnectionError:
                 break  # gone (a shutdown closes the connection)
             except redis.exceptions.RedisError:
