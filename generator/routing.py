@@ -14,10 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from generator.budget import CHARS_PER_TOKEN
 from generator.core import TextBackend
 from ragline.errors import FailedPrecondition
-
-CHARS_PER_TOKEN = 4
 
 
 def parse_bounded(spec: str, sep: str, what: str, value: str) -> list[tuple[float, str]]:

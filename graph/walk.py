@@ -77,7 +77,7 @@ def named_documents(
     found: list[str] = []
     for title in tables.titles_in(folded.lower()):
         carriers = [d for d in tables.titles[title] if allowed is None or allowed(d)]
-        if not carriers:
+        if not carriers or title not in folded.lower():  # the cheap test first
             continue
         match = re.search(rf"(?<!\w){re.escape(title)}(?!\w)", folded.lower())
         if match is None:

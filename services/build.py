@@ -199,16 +199,18 @@ def check_context(settings: Settings, kind: str) -> None:
         name, context = "RAGLINE_GENERATOR_VLLM_MAX_MODEL_LEN", g.vllm_max_model_len
     else:
         return
+    from generator.budget import CHARS_PER_TOKEN
     from generator.prompt import system_prompt_for
 
     words = len(system_prompt_for(g.model)) + settings.retriever.max_query_chars
-    needed = g.max_evidence_tokens + g.max_new_tokens_limit + words // 4 + PROMPT_FRAME_TOKENS
+    frame = words // CHARS_PER_TOKEN + PROMPT_FRAME_TOKENS
+    needed = g.max_evidence_tokens + g.max_new_tokens_limit + frame
     if context < needed:
         raise FailedPrecondition(
             f"{name}={context} is less than the longest prompt and answer may need, {needed} "
             f"tokens: evidence RAGLINE_GENERATOR_MAX_EVIDENCE_TOKENS={g.max_evidence_tokens}, "
             f"answer RAGLINE_GENERATOR_MAX_NEW_TOKENS_LIMIT={g.max_new_tokens_limit}, and "
-            f"~{words // 4 + PROMPT_FRAME_TOKENS} for the instructions and a question of "
+            f"~{frame} for the instructions and a question of "
             f"RAGLINE_RETRIEVER_MAX_QUERY_CHARS={settings.retriever.max_query_chars} "
             "characters: raise it or lower those"
         )

@@ -432,15 +432,12 @@ class RemoteFilter(StageClient, Thresholded):
                 retry_after_s=RETRY_AFTER_S,
             )
         scores = [score for reply in replies for score in reply.scores]
+        kept = [flag for reply in replies for flag in reply.kept]
+        applied = replies[0].threshold
         if replies[0].name == ClassifierFilter.name and not threshold:
-            kept = [score >= self.threshold for score in scores]
-            return Scored(ClassifierFilter.name, scores, self.threshold, kept)
-        return Scored(
-            replies[0].name,
-            scores,
-            replies[0].threshold,
-            [kept for reply in replies for kept in reply.kept],
-        )
+            applied = self.threshold
+            kept = [score >= applied for score in scores]
+        return Scored(replies[0].name, scores, applied, kept)
 
     async def _score(self, query: str, hits: Sequence[Hit], threshold: float) -> Scored:
         request = stages_pb2.ScoreRequest(

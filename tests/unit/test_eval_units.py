@@ -174,15 +174,19 @@ def test_a_passage_holds_a_gold_answer_only_as_whole_words() -> None:
     assert not contains_answer("Port 18443 only.", ["the host; 8443"])
 
 
-def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
-    good = {
-        "id": "q1",
-        "question": "What?",
+def record(qid: str, question: str, answer: str, file: str, page: int, quote: str) -> dict:
+    """One answerable question record, as a question file holds it."""
+    return {
+        "id": qid,
+        "question": question,
         "answerable": True,
-        "answers": ["x"],
-        "evidence": [{"file": "a.pdf", "page": 2, "quote": ""}],
-        "type": "factoid",
+        "answers": [answer],
+        "evidence": [{"file": file, "page": page, "quote": quote}],
     }
+
+
+def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
+    good = {**record("q1", "What?", "x", "a.pdf", 2, ""), "type": "factoid"}
     path = tmp_path / "q.jsonl"
     path.write_text(
         json.dumps(good)
@@ -244,13 +248,9 @@ def test_records_whose_fields_are_not_text_are_skipped_not_read_as_their_repr(
     """``str()`` of whatever a field held made a null question the text "None", an object
     question "{'a': 1}", a null gold answer the gold "None" and a null evidence file the
     file "None": asked and judged as if written so."""
-    good = {
-        "id": "m1",
-        "question": "Which fuse protects the pump?",
-        "answerable": True,
-        "answers": ["F7"],
-        "evidence": [{"file": "pump.pdf", "page": 3, "quote": "Fuse F7 protects the pump."}],
-    }
+    good = record(
+        "m1", "Which fuse protects the pump?", "F7", "pump.pdf", 3, "Fuse F7 protects the pump."
+    )
     bad = [
         {**good, "id": "m2", "question": None},
         {**good, "id": "m3", "question": {"text": "Which fuse?"}},

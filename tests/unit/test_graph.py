@@ -432,10 +432,15 @@ def test_titles_a_text_names_are_found_as_a_search_of_every_title_finds_them() -
     }
     tables._titles_by_word = None
 
+    patterns = [
+        (title, re.compile(rf"(?<!\w){re.escape(title)}(?!\w)"))
+        for title in sorted(tables.titles, key=len, reverse=True)
+    ]
+
     def every_title(text: str) -> list[str]:  # what named_documents searched before
         folded, found = " ".join(text.split()), []
-        for title in sorted(tables.titles, key=len, reverse=True):
-            match = re.search(rf"(?<!\w){re.escape(title)}(?!\w)", folded.lower())
+        for title, pattern in patterns:
+            match = pattern.search(folded.lower())
             if match is not None:
                 found += [d for d in tables.titles[title] if d not in found]
                 folded = f"{folded[: match.start()]} {folded[match.end() :]}"
