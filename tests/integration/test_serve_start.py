@@ -160,6 +160,10 @@ def test_the_request_log_is_one_json_object_a_line_naming_the_caller(
         "RAGLINE_CREDIBILITY_BACKEND": "score_floor",
         "RAGLINE_SERVER_AUTH_TOKENS": json.dumps({"tokens": [entry]}),
         "RAGLINE_SERVER_PORT": str(port),
+        # what this test reads needs no model answering: an engine that loads nothing
+        "RAGLINE_GENERATOR_BACKEND": "openai",
+        "RAGLINE_GENERATOR_OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "RAGLINE_RETRIEVER_DENSE_MODEL": "",
     }
     serving = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "serve"],

@@ -40,7 +40,8 @@ def _start(index_dir: Path, port: int) -> subprocess.Popen[str]:
         RAGLINE_RETRIEVER_INDEX_DIR=str(index_dir),
         RAGLINE_RETRIEVER_DENSE_MODEL="",
         RAGLINE_CREDIBILITY_BACKEND="score_floor",
-        RAGLINE_GENERATOR_BACKEND="transformers",
+        RAGLINE_GENERATOR_BACKEND="openai",  # loads no model: this test answers nothing
+        RAGLINE_GENERATOR_OPENAI_BASE_URL="http://127.0.0.1:9/v1",
         RAGLINE_CACHE_KEY_PREFIX=f"ragline-test:{uuid.uuid4().hex}:",
     )
     process = subprocess.Popen(
