@@ -247,8 +247,12 @@ def title_paths(toc: Sequence[Sequence], page_count: int) -> list[tuple[str, ...
     return paths
 
 
-_LEADER_ENTRY = re.compile(r"(?:\.[ \t]?){4,}\s*(?:\d+|[ivxlc]+)\b(?:\s*[,\u2013-]\s*\d+)*", re.I)
-"""A navigation entry's tail: leader dots, then a page number (or several, or a range)."""
+_LEADER_ENTRY = re.compile(
+    r"(?:\.[ \t]?){4,}\s*(?:\d+|[ivxlc]+)\b(?:\s*[,\u2013-]\s*\d+)*[ \t]*$", re.I | re.M
+)
+"""A navigation entry's tail: leader dots, then a page number (or several, or a range) ending
+the line — not a value with its unit or decimals, as a spec sheet's or price list's dotted
+lines end ("Weight ........ 12 kg", "Tea ........ 3.50")."""
 _LEADER = re.compile(r"(?:\.[ \t]?){4,}")
 _NUMBER_LINE = re.compile(r"^[\s\d.]*$|^\s*[ivxlc]+\s*$", re.I)
 """A line of section or page numbers alone, or of dots: a table of contents' other column."""
@@ -272,17 +276,22 @@ words: a title page that also opens the contents keeps its title and authors."""
 
 
 def without_navigation(text: str) -> str:
-    """A navigation page's text above its first entry (less lines of numbers alone), or ""
-    when that is too short to index (a heading such as "Table of Contents"). The entries,
-    and the wrapped first lines of long ones, go."""
-    head = []
-    for line in text.splitlines():
-        if _LEADER.search(line):  # an entry, or the dots of one wrapped onto its own line
-            break
-        if line.strip() and not _NUMBER_LINE.match(line):
-            head.append(line.strip())
-    rest = "\n".join(head)
-    return rest if len(rest.split()) >= MIN_NAVIGATION_HEAD_WORDS else ""
+    """A navigation page's text above its first entry and below its last (less lines of
+    numbers alone), each kept when long enough to index (not a heading such as "Table of
+    Contents"): a title page that opens the contents keeps its title, a note after a list
+    keeps its words. The entries, and the wrapped first lines of long ones, go."""
+    lines = [
+        line.strip() for line in text.splitlines() if line.strip() and not _NUMBER_LINE.match(line)
+    ]
+    marked = [i for i, line in enumerate(lines) if _LEADER.search(line)]  # an entry or its dots
+    if not marked:
+        return "\n".join(lines)
+    kept = [
+        part
+        for part in ("\n".join(lines[: marked[0]]), "\n".join(lines[marked[-1] + 1 :]))
+        if len(part.split()) >= MIN_NAVIGATION_HEAD_WORDS
+    ]
+    return "\n\n".join(kept)
 
 
 WEIRD_WEIGHT = 5.0

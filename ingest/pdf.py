@@ -40,7 +40,7 @@ from ingest.tables import (
     opens_page,
 )
 from ragline.errors import InvalidArgument, visible
-from ragline.text import seen_text
+from ragline.text import hyphen_breaks_a_word, seen_text
 
 _log = logging.getLogger(__name__)
 
@@ -226,19 +226,27 @@ def same_version(stored: str | None, identity: str, limits: PdfLimits) -> bool:
     return had.isdigit() and not math.isinf(budget) and int(had) >= math.floor(budget)
 
 
-_HYPHEN_BREAK = re.compile(r"(\w)-\n(\w)")
+_HYPHEN_BREAK = re.compile(r"(-?)(\w+)-\n(\w+)")
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # all but the newline
 _BLANK_LINES = re.compile(r"\n{3,}")
+
+
+def _rejoin(match: re.Match[str]) -> str:
+    chain, head, rest = match.groups()
+    if not chain and hyphen_breaks_a_word(head, rest):
+        return head + rest
+    return f"{chain}{head}-{rest}"  # the text's own hyphen: the line break becomes nothing
 
 
 def clean_page_text(text: str) -> str:
     """Normalise ligatures and odd unicode (NFKC), drop control characters (a PDF's text can
     map to any code point: an ESC would drive the terminal a passage is printed on) and
     characters no reader sees (:func:`ragline.text.seen_text`, which also re-joins a word
-    broken by a soft hyphen), re-join line-end hyphenation, tidy spaces."""
+    broken by a soft hyphen), re-join words a line-end hyphen broke (keeping the hyphens of
+    compounds and ranges: :func:`ragline.text.hyphen_breaks_a_word`), tidy spaces."""
     text = seen_text(text)
-    text = _HYPHEN_BREAK.sub(r"\1\2", text)
+    text = _HYPHEN_BREAK.sub(_rejoin, text)
     text = _SPACES.sub(" ", text)
     return _BLANK_LINES.sub("\n\n", text).strip()
 
@@ -541,7 +549,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extra
     """Page texts in reading order without running headers/footers, with table marks; outline
     title paths; quality scores; tables; OCR'd and unreadable pages. ``started``: when the
     document's parse began (``time.monotonic``), for the OCR time (:data:`OCR_TIME_SHARE`)."""
-    flags = pymupdf.TEXT_DEHYPHENATE
+    flags = 0  # line-end hyphens kept: clean_page_text tells a broken word from a compound
     tessdata = _tessdata() if limits.ocr else None
     ocr_seconds = ocr_budget(limits, started)
     out_of_time: list[int] = []

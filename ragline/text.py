@@ -57,6 +57,28 @@ def english_zipf(word: str) -> float:
     return float(zipf_frequency(word.strip(EDGE_PUNCTUATION).lower(), LANGUAGE))
 
 
+COMMON_ZIPF = 3.5
+"""A word at least this common (about three in a million words) reads as a word of its own."""
+
+
+@lru_cache(maxsize=4096)
+def hyphen_breaks_a_word(head: str, rest: str) -> bool:
+    """Whether the hyphen ending a line after ``head`` only broke the word ``head + rest``
+    (the typesetter's: "exam-" / "ple"), not a hyphen of the text ("well-" / "known",
+    "1990-" / "2000", "non-" / "English"): the rest opens in lower case, both sides are
+    letters, and the joined word is fairly common, or one side is no common word of its own
+    ("serializa-" / "tion"), or the rest is three letters or fewer, a word's ending more
+    often than a word ("hyper-" / "ref"). A rare joined word of two common words is a
+    compound. (A head that follows a hyphen itself, "--with-" / "lapack", is the caller's
+    to keep: TeX breaks a word that has a hyphen only at its hyphens.)"""
+    if not (head.isalpha() and rest.isalpha() and rest[0].islower()):
+        return False
+    if english_zipf(head + rest) >= 2.5:
+        return True
+    words = english_zipf(head) >= COMMON_ZIPF and english_zipf(rest) >= COMMON_ZIPF
+    return not (words and len(rest) > 3)
+
+
 WORD_CACHE_SIZE = 1 << 16
 """Stems remembered (a few MB): a query's passages share most of their words with the last
 queries'."""

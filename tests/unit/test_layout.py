@@ -185,3 +185,16 @@ def test_navigation_pages_are_told_from_content_with_dots() -> None:
         "The gauge holds its zero for a week.\n" * 5
     )
     assert not is_navigation(prose)
+    # a spec sheet's dotted lines end in units or decimals, not page numbers: all of it stays
+    spec = "Kettle data\n" + "".join(
+        f"{name} . . . . . . . . {value}\n"
+        for name, value in [("Voltage", "230 V"), ("Weight", "1.2 kg"), ("Tank", "1.7"),
+                            ("Cable", "75 cm")]
+    )  # fmt: skip
+    assert not is_navigation(spec)
+    # what follows a contents list on its page is kept when it is a paragraph
+    note = "Keepers must log every firing of the kiln with its date, fuel and peak heat."
+    contents = "Contents\nLighting . . . . . 3\nBanking . . . . . 5\nCooling . . . . . 9\n"
+    assert is_navigation(contents + note)
+    assert without_navigation(contents + note) == note
+    assert without_navigation(contents + "Printed in Leeds") == ""

@@ -28,6 +28,34 @@ def test_clean_text_rejoins_hyphenation_and_normalises_ligatures() -> None:
     assert clean_page_text("an exam-\nple of ﬁle   handling") == "an example of file handling"
 
 
+def test_a_line_end_hyphen_of_the_text_is_kept_and_a_typesetters_joins(
+    make_pdf: Callable[..., Path],
+) -> None:
+    """The typesetter's hyphen breaks a word ("cali-" / "brated"); a compound, a range, an
+    option or a name keeps its own hyphen when a line ends there (MuPDF's own dehyphenation
+    joined them all: "wellknown", "19902000", "--withzlib")."""
+    broken = {
+        "a well-\nknown kiln": "a well-known kiln",
+        "the state-of-the-\nart weir": "the state-of-the-art weir",
+        "in 1990-\n2000 it ran": "in 1990-2000 it ran",
+        "run ./configure --with-\nzlib first": "run ./configure --with-zlib first",
+        "a non-\nEnglish sluice": "a non-English sluice",
+        "the cali-\nbrated gauge, hyper-\nref and serializa-\ntion": (
+            "the calibrated gauge, hyperref and serialization"
+        ),
+    }
+    for text, clean in broken.items():
+        assert clean_page_text(text) == clean
+    lines = ["The kiln is a well-", "known design; its self-", "contained burner was cali-"]
+    lines += ["brated from 1990-", "2000 by the keepers."]
+    page = "\n".join(lines)
+    path = make_pdf("kiln.pdf", [page])
+    assert read_pdf(path.read_bytes(), path.name).pages[0] == (
+        "The kiln is a well-known design; its self-contained burner was calibrated from "
+        "1990-2000 by the keepers."
+    )
+
+
 def test_clean_text_drops_control_characters_but_keeps_lines() -> None:
     """A PDF's text can map glyphs to any code point: an ESC in a passage would drive the
     terminal that prints it."""
@@ -321,6 +349,19 @@ def test_contents_and_index_pages_are_left_out_and_a_title_above_them_kept(
     assert kept.navigation == () and "Glaze recipes" in kept.pages[1]
     # a changed setting re-ingests unchanged files
     assert settings_key(None, PdfLimits(navigation_pages=True)) != settings_key(None, None)
+
+
+def test_a_new_parser_version_reparses_what_an_older_one_indexed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ingest.batch
+
+    now = settings_key(None, None)
+    assert now.endswith(f";parse:{ingest.batch.PARSER_VERSION}")
+    monkeypatch.setattr(ingest.batch, "PARSER_VERSION", ingest.batch.PARSER_VERSION + 1)
+    assert settings_key(None, None) != now
+    monkeypatch.setattr(ingest.batch, "PARSER_VERSION", 1)  # keys written before versions
+    assert settings_key(None, None) == now.rsplit(";parse:", 1)[0]
 
 
 def test_a_name_with_an_invisible_character_has_an_id_that_shows_it() -> None:
