@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import regex
 
@@ -49,23 +51,43 @@ class Block:
 
 
 def reading_order(blocks: Sequence[Block], width: float) -> list[Block]:
-    """Blocks in reading order, column by column on a two-column page.
+    """Blocks in reading order, column by column on a page of two or more columns.
 
     A gutter is a vertical strip in the middle 40% of the page that no block crosses, with at
     least a fifth of the text on each side. Blocks that cross it (a title, a full-width figure
-    or table) cut the page into bands; within a band the left column is read top to bottom,
-    then the right. A page without a gutter keeps PyMuPDF's order (the content stream's, which
-    is right for single-column pages and for most two-column LaTeX output too).
+    or table) cut the page into bands; within a band the left side is read before the right.
+    Each side is split again at its own gutter (the middle 40% of that side's width), so
+    three or more columns are each read whole, left to right, rather than the columns right
+    of the first gutter in turn line by line; a block spanning some of them cuts only those.
+    A page without a gutter keeps PyMuPDF's order (the content stream's, which is right for
+    single-column pages and for most two-column LaTeX output too); a side without one is read
+    top to bottom.
     """
-    middle = _gutter(blocks, width)
+    return _columns(blocks, 0.0, width, MIN_PAGE_BLOCKS)
+
+
+MIN_PAGE_BLOCKS = 4
+"""Text blocks a page needs to be split into columns: two side by side are no columns."""
+MIN_SIDE_BLOCKS = 2
+"""Text blocks a side of a split page needs to be split again: it is already known to be
+set in columns, and two paragraphs side by side there are two columns (not top to bottom)."""
+
+
+def _columns(blocks: Sequence[Block], left: float, right: float, least: int) -> list[Block]:
+    """``blocks`` (between x ``left`` and ``right``) in reading order: see
+    :func:`reading_order`. Each split leaves a fifth of the text on either side, so the
+    recursion is shallow (under 60 levels for a million characters)."""
+    middle = _gutter(blocks, left, right, least)
     if middle is None:
         return list(blocks)
     ordered: list[Block] = []
     band: list[Block] = []
 
     def flush() -> None:
-        ordered.extend(sorted((b for b in band if b.x1 <= middle), key=lambda b: b.y0))
-        ordered.extend(sorted((b for b in band if b.x1 > middle), key=lambda b: b.y0))
+        for side in ([b for b in band if b.x1 <= middle], [b for b in band if b.x1 > middle]):
+            if side:
+                x0, x1 = min(b.x0 for b in side), max(b.x1 for b in side)
+                ordered.extend(_columns(side, x0, x1, MIN_SIDE_BLOCKS))
         band.clear()
 
     for block in sorted(blocks, key=lambda b: b.y0):
@@ -78,20 +100,28 @@ def reading_order(blocks: Sequence[Block], width: float) -> list[Block]:
     return ordered
 
 
-def _gutter(blocks: Sequence[Block], width: float) -> float | None:
-    """The x of the strip between two columns that the fewest blocks cross (see above)."""
-    lo, hi = width * 0.3, width * 0.7
+def _gutter(blocks: Sequence[Block], left: float, right: float, least: int) -> float | None:
+    """The x of the strip between two columns that the fewest blocks cross (see
+    :func:`reading_order`), in the middle 40% of ``left``..``right``. Counted with sorted edges
+    and running sums: a page of many thousand blocks is split many times."""
+    lo, hi = left + (right - left) * 0.3, left + (right - left) * 0.7
     body = [b for b in blocks if b.x1 > b.x0]
-    if len(body) < 4:
+    if len(body) < least:
         return None
+    total = sum(len(b.text) for b in body)
+    ends = sorted((b.x1, len(b.text)) for b in body)  # a block is left of x when x1 <= x
+    starts = sorted((b.x0, len(b.text)) for b in body)  # right of x when x0 >= x
+    end_x = [x for x, _ in ends]
+    start_x = [x for x, _ in starts]
+    end_sum = list(accumulate((n for _, n in ends), initial=0))
+    start_sum = list(accumulate((n for _, n in starts), initial=0))
     edges = {b.x1 + 1 for b in body} | {b.x0 - 1 for b in body}
     best: tuple[int, float] | None = None
     for x in sorted(e for e in edges if lo <= e <= hi):
-        left = sum(len(b.text) for b in body if b.x1 <= x)
-        right = sum(len(b.text) for b in body if b.x0 >= x)
-        crossing = sum(len(b.text) for b in body if b.x0 < x < b.x1)
-        total = left + right + crossing
-        if min(left, right) < 0.2 * total or crossing >= 0.3 * total:
+        left_chars = end_sum[bisect_right(end_x, x)]
+        right_chars = total - start_sum[bisect_left(start_x, x)]
+        crossing = total - left_chars - right_chars
+        if min(left_chars, right_chars) < 0.2 * total or crossing >= 0.3 * total:
             continue
         if best is None or crossing < best[0]:
             best = (crossing, x)

@@ -73,6 +73,58 @@ def test_reading_order_is_independent_of_the_block_order_given() -> None:
     assert reading_order(single, 612) == single
 
 
+COLUMNS = [
+    ["Harbour cranes lift crates.", "Gulls circle the quay.", "Tugboats push the freighter."],
+    ["Orchard pears ripen slowly.", "Bees work the blossom.", "Ladders lean on the trunks."],
+    ["Glaciers carve the valley.", "Meltwater feeds the lake.", "Moraines mark the old ice."],
+]
+
+
+@pytest.mark.parametrize("column_width", [165, 120])
+def test_a_three_column_page_reads_each_column_top_to_bottom(
+    tmp_path: Path, column_width: float
+) -> None:
+    """Three columns of three paragraphs under a full-width title, and a full-width closing
+    line: each column is read whole, left to right, not the second and third in turn. (Tables
+    off: the table gate is not under test here.)"""
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    title = "Three Landscapes Seen In One Day: A Harbour, An Orchard And A Glacier Valley"
+    page.insert_textbox(pymupdf.Rect(40, 50, 570, 80), title)
+    for c, paragraphs in enumerate(COLUMNS):
+        for k, sentence in enumerate(paragraphs):
+            x, y = 40 + c * 185, 100 + k * 180
+            text = " ".join([sentence] * 4)
+            page.insert_textbox(pymupdf.Rect(x, y, x + column_width, y + 150), text, fontsize=9)
+    closing = "All three were seen before noon, on one walk, by one tired but very happy hiker."
+    page.insert_textbox(pymupdf.Rect(40, 650, 570, 690), closing)
+    path = tmp_path / "three.pdf"
+    doc.save(path)
+    pages = read_pdf(path.read_bytes(), path.name, PdfLimits(tables=False)).pages
+    text = " ".join(pages[0].split())
+    expected = ["Three Landscapes", *(s for column in COLUMNS for s in column), "All three were"]
+    order = [text.index(s) for s in expected]
+    assert order == sorted(order), text
+
+
+def test_reading_order_splits_every_column_and_keeps_spanning_blocks_as_breaks() -> None:
+    """Four columns, with a block spanning the right two columns halfway down: the right pair
+    is read to the spanning block, then the spanning block, then the pair again below it."""
+
+    def block(column: int, y0: float, text: str, span: int = 1) -> Block:
+        x0 = 40 + column * 135
+        return Block(y0, y0 + 40, text, x0, x0 + 120 + 135 * (span - 1))
+
+    blocks = [block(0, 50, "title " * 30, span=4)]
+    blocks += [block(c, 100 + 60 * k, f"c{c}k{k} " * 10) for c in (0, 1) for k in range(5)]
+    blocks += [block(c, 100 + 60 * k, f"c{c}k{k} " * 10) for c in (2, 3) for k in range(2)]
+    blocks += [block(2, 220, "spanning " * 5, span=2)]
+    blocks += [block(c, 280 + 60 * k, f"c{c}k{k + 3} " * 10) for c in (2, 3) for k in range(2)]
+    shuffled = blocks[:]
+    random.Random(1).shuffle(shuffled)
+    assert reading_order(shuffled, 612) == blocks
+
+
 def words_of(rows: list[list[tuple[float, str]]], top: float = 100) -> list:
     out = []
     for r, row in enumerate(rows):
