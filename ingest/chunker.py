@@ -100,8 +100,9 @@ def split_sections(pages: Sequence[str], outline: Sequence[OutlineEntry] = ()) -
     """Cut the document's text where the outline's headings start.
 
     A heading is placed where its title occurs in its page's text (whitespace-insensitive,
-    after the previous heading on that page); when the title cannot be found it starts where
-    the previous heading's text ended. Without an outline the whole document is one section.
+    after the previous heading on that page; see :func:`_find_title`); when the title cannot be
+    found it starts where the previous heading's text ended. Without an outline the whole
+    document is one section.
     """
     by_page: dict[int, list[tuple[int, str]]] = {}
     for level, title, page in outline:
@@ -125,14 +126,41 @@ def split_sections(pages: Sequence[str], outline: Sequence[OutlineEntry] = ()) -
     return [s for s in sections if s.words]
 
 
+_SECTION_NUMBER = r"(?:[A-Z]|\d+)(?:\.\d+)*\.?"
+"""A section number as a heading line opens with it: "2", "2.2", "2.2.", "A", "A.1"."""
+_NUMBERED = re.compile(r"(?:\d+(?:\.\d+)*\.?|[A-Z](?:\.\d+)+\.?|[A-Z]\.)\s")
+"""A title that opens with its own section number ("2 Results", "2.1. Setup", "A.1 Proofs");
+a lone capital ("A Study of X") is a word, not a number."""
+
+
 def _find_title(text: str, title: str, start: int) -> int | None:
-    pattern = r"\s+".join(re.escape(w) for w in title.split())
-    match = re.compile(pattern).search(text, start)
+    """Where ``title`` starts in ``text`` after ``start``, with the section number before it
+    when the title has none of its own ("2.2 Fixed-width-format files" for the outline's
+    "Fixed-width-format files").
+
+    A heading is set on a line of its own, or opens a line (a run-in heading): the title is
+    looked for there first, so that prose naming it earlier on the page ("see Results for the
+    numbers") and a line of prose that opens with its word ("Results were mixed, so…") do not
+    take its place. Only a number opening the title's line, or alone on the line before it, is
+    the title's: "in 2019." ending a line of prose is the previous section's. Only when the
+    title opens no line is it taken wherever it occurs, with a number right before it."""
+    words = r"\s+".join(re.escape(w) for w in title.split())
+    numbered = _NUMBERED.match(title + " ") is not None
+    number = "" if numbered else rf"(?:{_SECTION_NUMBER}(?:[ \t]+|[ \t]*\n[ \t]*))?"
+    ending = r"(?!\w)" if title[-1:].isalnum() else ""
+    for after in (r"[ \t]*$", ending):
+        line = re.compile(rf"^[ \t]*(?P<at>{number}{words}){after}", re.MULTILINE)
+        match = line.search(text, start)
+        if match is not None:
+            return match.start("at")
+    match = re.compile(words).search(text, start)
     if match is None:
         return None
+    if numbered:
+        return match.start()
     # include a section number right before the title ("2.2 Fixed-width-format files")
-    number = re.search(r"(?:^|\s)((?:[A-Z]|\d+)(?:\.\d+)*\.?\s+)$", text[start : match.start()])
-    return match.start() - len(number.group(1)) if number else match.start()
+    before = re.search(rf"(?:^|\s)({_SECTION_NUMBER}\s+)$", text[start : match.start()])
+    return match.start() - len(before.group(1)) if before else match.start()
 
 
 _BROKEN_WORD = re.compile(r"[^\W\d_]{2,}-")

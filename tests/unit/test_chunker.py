@@ -88,6 +88,41 @@ def test_sections_cut_at_headings_found_in_the_text() -> None:
     assert all("d0" not in c.text for c in chunks[:2])  # no chunk crosses a heading
 
 
+def test_a_heading_with_its_own_number_takes_no_number_from_the_line_before() -> None:
+    text = "Harvest\nThe crop was weighed in {}.\n{}\nGrain went into the silos before frost."
+    for title, heading in [("3 Storage", "3 Storage"), ("Storage", "Storage")]:
+        pages = [text.format(1987, heading)]
+        sections = split_sections(pages, [(1, "Harvest", 1), (1, title, 1)])
+        assert [s.title_path for s in sections] == [("Harvest",), (title,)]
+        assert sections[0].words[-2:] == ["in", "1987."], sections[0].words
+        opening = [*heading.split(), "Grain"]
+        assert sections[1].words[: len(opening)] == opening, sections[1].words
+    # a number opening the heading's line, or alone on the line before it, is the heading's
+    for heading in ("3 Storage", "3\nStorage"):
+        pages = [text.format(1987, heading)]
+        sections = split_sections(pages, [(1, "Harvest", 1), (1, "Storage", 1)])
+        assert sections[1].words[:2] == ["3", "Storage"] and sections[0].words[-1] == "1987."
+
+
+def test_a_heading_is_placed_at_a_line_start_before_a_mention_in_prose() -> None:
+    pages = [
+        "Harvest\nWe weighed every sack; see Storage for where they went next.\n"
+        "Storage was short that year, so the farm\nborrowed a barn.\n"
+        "Storage\nGrain went into the silos before frost."
+    ]
+    sections = split_sections(pages, [(1, "Harvest", 1), (1, "Storage", 1)])
+    assert [s.title_path for s in sections] == [("Harvest",), ("Storage",)]
+    assert " ".join(sections[0].words).endswith(
+        "see Storage for where they went next. "
+        "Storage was short that year, so the farm borrowed a barn."
+    )
+    assert " ".join(sections[1].words) == "Storage Grain went into the silos before frost."
+    # a heading set in a line of text (a run-in heading) starts that line
+    pages = ["Harvest\nWe weighed every sack; see Storage below.\nStorage Grain went to silos."]
+    sections = split_sections(pages, [(1, "Harvest", 1), (1, "Storage", 1)])
+    assert " ".join(sections[1].words) == "Storage Grain went to silos."
+
+
 def test_short_section_is_carried_into_the_next() -> None:
     pages = ["Chapter 3 Tools short intro. 3.1 Editors " + words(60, "e")]
     outline = [(1, "Chapter 3 Tools", 1), (2, "Editors", 1)]
