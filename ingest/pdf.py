@@ -419,7 +419,11 @@ def _why_no_text(doc: pymupdf.Document, extracted: _Extracted, truncated: bool) 
     if extracted.unmapped:  # OCR'd (else its text would be there), and nothing read
         return "its fonts map the text to no characters, and OCR read none of it"
     if extracted.unreadable or extracted.ocr_pages or any(map(_has_image, doc.pages())):
-        hint = "" if extracted.ocr_available else "; install tesseract-ocr to OCR it"
+        hint = ""
+        if extracted.ocr_off:  # said first: installing Tesseract would change nothing
+            hint = "; OCR is off (RAGLINE_INGEST_OCR=false): turn it on to OCR it"
+        elif not extracted.ocr_available:
+            hint = "; install tesseract-ocr to OCR it"
         return f"scanned or image-only PDF{hint}"
     return "no page has a text layer or an image: blank pages, or text drawn as shapes"
 
@@ -543,6 +547,8 @@ class _Extracted:
     unmapped: tuple[int, ...] = ()
     out_of_time: tuple[int, ...] = ()
     ocr_seconds: float = math.inf
+    ocr_off: bool = False
+    """OCR turned off (``PdfLimits.ocr``); ``ocr_available`` is then False too."""
 
 
 def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extracted:
@@ -685,6 +691,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extra
         unmapped=tuple(unmapped),
         out_of_time=tuple(out_of_time),
         ocr_seconds=ocr_seconds,
+        ocr_off=not limits.ocr,
     )
 
 

@@ -309,6 +309,22 @@ def test_ocr_off_reports_an_image_only_page_as_unreadable(tmp_path: Path) -> Non
     assert "not OCR'd" in doc.flag_reasons()[2]
 
 
+def test_an_image_only_pdf_names_ocr_off_or_a_missing_tesseract_as_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OCR turned off is named as the setting, whether or not Tesseract is installed; the
+    install hint is only for OCR on without Tesseract."""
+    path = scanned_pdf(tmp_path / "scan.pdf")
+    with pytest.raises(InvalidArgument) as off:
+        read_pdf(path.read_bytes(), path.name, PdfLimits(ocr=False))
+    assert "RAGLINE_INGEST_OCR" in str(off.value) and "install" not in str(off.value)
+    monkeypatch.setattr("ingest.pdf._tessdata", lambda: None)  # as without tesseract-ocr
+    with pytest.raises(InvalidArgument) as missing:
+        read_pdf(path.read_bytes(), path.name, PdfLimits(ocr=True))
+    assert "install tesseract-ocr" in str(missing.value)
+    assert "RAGLINE_INGEST_OCR" not in str(missing.value)
+
+
 @pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs tesseract-ocr (make setup)")
 def test_ocr_reads_an_image_only_page(tmp_path: Path) -> None:
     path = scanned_pdf(tmp_path / "scan.pdf", text_page="A normal page of text.")
