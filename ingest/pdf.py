@@ -36,6 +36,7 @@ from ingest.tables import (
     closes_page,
     continuation,
     extract_tables,
+    insert_mark,
     looks_tabular,
     opens_page,
 )
@@ -592,8 +593,9 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extra
         if not last.tables and not last.searched:
             last.tables = extract_tables(before, last.raw)
             last.searched = True
+            for t in last.tables:
+                insert_mark(last.blocks, place(t), before.rect.height)
             if last.tables:
-                last.blocks.extend(place(t) for t in last.tables)
                 pages[-1] = reading_order(last.blocks, before.rect.width)
         closing = [t for t in last.tables if closes_page(t, last.raw, before.rect.height)]
         if not closing:
@@ -660,7 +662,7 @@ def _extract(doc: pymupdf.Document, limits: PdfLimits, started: float) -> _Extra
         # keeps its structure.
         blocks = [Block(b[1], b[3], _code(b[4]) if b[5] in code else b[4], b[0], b[2]) for b in raw]
         for table in found:
-            blocks.append(place(table))
+            insert_mark(blocks, place(table), page.rect.height)
         pages.append(reading_order(blocks, page.rect.width))
         heights.append(page.rect.height)
         last = _Page(number, [b[:5] for b in raw], blocks, found, tabular or textpage is not None)

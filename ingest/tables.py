@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ingest.layout import MARGIN
+from ingest.layout import MARGIN, Block
 from ragline.markdown import to_markdown
 from ragline.text import seen_text
 
@@ -351,6 +351,28 @@ def closes_page(
 ) -> bool:
     """Whether nothing but the bottom margin (a running footer) stands below the table."""
     return all(b[1] >= height * (1 - MARGIN) for b in blocks if b[1] >= table.bbox[3] - 1)
+
+
+def insert_mark(blocks: list[Block], mark: Block, height: float) -> None:
+    """Stand a table's mark among its page's blocks (in the producer's order) where the table
+    sits: before the first block beside it (overlapping it horizontally) whose middle lies
+    below the table's top, else last. :func:`ingest.layout.reading_order` keeps that order on a
+    single-column page, so the table is read after the text above it and before a heading
+    below it (the section it is filed under); a two-column page is sorted by position anyway,
+    and a block of the other column is not beside the table. Margin blocks do not count: some
+    producers write the running footer first, which would file the table at the page's top."""
+    top, bottom = height * MARGIN, height * (1 - MARGIN)
+    for i, block in enumerate(blocks):
+        if (
+            block.y1 > top
+            and block.y0 < bottom
+            and block.x0 < mark.x1
+            and block.x1 > mark.x0
+            and (block.y0 + block.y1) / 2 > mark.y0
+        ):
+            blocks.insert(i, mark)
+            return
+    blocks.append(mark)
 
 
 def continuation(previous: Table, table: Table) -> Table | None:

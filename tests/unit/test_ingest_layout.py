@@ -20,6 +20,7 @@ from ingest.tables import (
     Table,
     closes_page,
     continuation,
+    insert_mark,
     looks_tabular,
     opens_page,
     tabular_runs,
@@ -274,6 +275,61 @@ def test_a_ruled_table_split_by_a_page_break_is_read_with_its_header(tmp_path: P
         "| Puffin | Lighthouse-Harbour | 55 |",
         "| Skua | Harbour-Lighthouse | 70 |",
     ]
+
+
+def orchard_page(doc: pymupdf.Document, caption_gap: float = 20, after: bool = True) -> None:
+    """A page with a heading, a sentence and a captioned ruled table, then (``after``) the next
+    heading and its prose; the caption's baseline stands ``caption_gap`` pt above the table."""
+    page = doc.new_page()
+    page.insert_text((56, 90), "1 Orchards", fontsize=14)
+    page.insert_text((56, 112), "The apple harvest of each orchard is listed below.", fontsize=10)
+    page.insert_text((56, 150 - caption_gap), "Table 1: Apple harvest", fontsize=10)
+    harvest = [
+        ["Orchard", "Variety", "Tonnes"],
+        ["Hillside", "Bramley", "12"],
+        ["Riverside", "Cox", "9"],
+        ["Old Manor", "Russet", "4"],
+    ]
+    ruled_rows(page, 150, harvest)
+    if after:
+        page.insert_text((56, 290), "2 Vineyards", fontsize=14)
+        vines = " ".join(
+            f"The vineyards ripened late in the wet summer, row {n}." for n in range(8)
+        )
+        page.insert_textbox(pymupdf.Rect(56, 300, 540, 500), vines, fontsize=10)
+
+
+def test_a_table_chunk_sits_under_the_heading_above_it_not_the_next_one() -> None:
+    """The table's mark stands where the table sits in the page text, not after the page's
+    last block: a table followed by the next section's heading belongs to its own section."""
+    doc = pymupdf.open()
+    orchard_page(doc)
+    doc.set_toc([[1, "1 Orchards", 1], [1, "2 Vineyards", 1]])
+    data = doc.tobytes()
+    parsed = parse_document(data, "orchards.pdf", ChunkerConfig(min_words=5))
+    tables = [c for c in parsed.chunks if c.kind == "table"]
+    assert len(tables) == 1 and tables[0].text.startswith("Table 1: Apple harvest")
+    assert tables[0].title_path == ("1 Orchards",)
+    page = read_pdf(data, "orchards.pdf").pages[0]
+    assert page.index("Table 1: Apple harvest") < page.index("[[ragline-table-0]]")
+    assert page.index("[[ragline-table-0]]") < page.index("2 Vineyards")
+
+
+def test_a_table_mark_stands_before_the_first_block_below_it_in_its_column() -> None:
+    """On a page read in the producer's order (no gutter found) the mark goes before the first
+    block beside the table that reaches below its top: blocks of the other column, and margin
+    blocks (a footer some producers write first), do not count."""
+    table = Block(300, 400, "[[ragline-table-0]]", 318, 558, pinned=True)
+    footer = Block(760, 772, "Page 3", 280, 330)
+    left = [Block(100 + 100 * i, 180 + 100 * i, f"left {i}", 54, 294) for i in range(5)]
+    above = Block(100, 280, "right, above the table", 318, 558)
+    below = Block(420, 600, "right, below the table", 318, 558)
+    blocks = [footer, *left, above, below]
+    insert_mark(blocks, table, 792)
+    assert blocks == [footer, *left, above, table, below]
+    alone = [footer]
+    insert_mark(alone, table, 792)
+    assert alone == [footer, table]
 
 
 def test_table_marks_become_table_chunks_under_their_section() -> None:
