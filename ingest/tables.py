@@ -207,10 +207,16 @@ def extract_tables(
             return _cell(read(box) if box else "")
 
         rows = [[text(box) for box in row.cells] for row in table.rows]
+        bbox = tuple(float(v) for v in table.bbox)
+        caption = _caption_for(bbox, blocks)
         if table.header.external:  # above the cells: read its text the same way
             header = [text(box) for box in table.header.cells]
         else:
             header, rows = (rows[0], rows[1:]) if rows else ([], [])
+        if _is_caption(header, caption) and rows:
+            # the caption just above the cells, taken for a header row: the first row is
+            # the header (else the caption shows twice and the real header reads as data)
+            header, rows = rows[0], rows[1:]
         if not any(header):
             header = [_cell(name) for name in table.header.names]
         rows = [r for r in rows if any(r)]
@@ -220,8 +226,6 @@ def extract_tables(
             header, rows = rows[0], rows[1:]
         if len(header) < 2 or not rows or _leaders(rows) > 0.3 * len(rows):
             continue
-        bbox = tuple(float(v) for v in table.bbox)
-        caption = _caption_for(bbox, blocks)
         tables.append(
             Table(
                 header=tuple(header),
@@ -287,6 +291,16 @@ def _cell(value: object) -> str:
     header cells become empty."""
     text = " ".join(seen_text(str(value or "")).split()).replace("|", "\\|")
     return "" if _PLACEHOLDER.match(text) else text
+
+
+def _is_caption(row: Sequence[str], caption: str) -> bool:
+    """Whether a would-be header row is the table's caption: one cell holding (part of) the
+    caption's text, the others empty."""
+    cells = [c for c in row if c]
+    if len(cells) != 1 or not caption:
+        return False
+    cell = " ".join(cells[0].split()).casefold()
+    return len(cell) >= 3 and cell in " ".join(caption.split()).casefold()
 
 
 def _leaders(rows: Sequence[Sequence[str]]) -> int:

@@ -332,6 +332,26 @@ def test_a_table_mark_stands_before_the_first_block_below_it_in_its_column() -> 
     assert alone == [footer, table]
 
 
+@pytest.mark.parametrize("caption_gap", [8, 20])
+def test_a_caption_just_above_a_ruled_table_is_not_its_header(caption_gap: float) -> None:
+    """PyMuPDF takes a caption close above a ruled table for a header row above its cells: the
+    caption stays the caption and the table's first row is its header, also for the part of
+    the table that runs onto the next page."""
+    doc = pymupdf.open()
+    orchard_page(doc, caption_gap, after=False)
+    second = doc.new_page()
+    ruled_rows(
+        second, 60, [["Lakeside", "Gala", "7"], ["Meadow", "Jazz", "3"], ["Ridge", "Fuji", "5"]]
+    )
+    second.insert_text((56, 200), "Pears are counted apart, in the next table.", fontsize=10)
+    first, rest = read_pdf(doc.tobytes(), "orchards.pdf").tables
+    assert first.caption == "Table 1: Apple harvest"
+    assert first.header == ("Orchard", "Variety", "Tonnes")
+    assert first.body[0] == ("Hillside", "Bramley", "12")
+    assert first.text().count("Apple harvest") == 1
+    assert rest.header == first.header and rest.body[0] == ("Lakeside", "Gala", "7")
+
+
 def test_table_marks_become_table_chunks_under_their_section() -> None:
     pages = [
         "1 Intro Some words " * 10,
