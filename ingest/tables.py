@@ -73,7 +73,10 @@ class Table:
 
 def gutter(words: Sequence[Word], width: float) -> float | None:
     """The x of a two-column page's gutter: a vertical strip in the middle 40% of the page
-    that no word crosses, with at least 20% of the words on each side. None otherwise."""
+    that no word crosses, with at least 20% of the words on each side. None otherwise, and
+    None for the gap between a table's columns on a page without full-width text (a table
+    alone on a page, a spec sheet): split there, a 3- or 4-column table would be two tables
+    of too few columns each (see :func:`_table_across`)."""
     lo, hi = int(width * 0.3), int(width * 0.7)
     if hi <= lo or not words:
         return None
@@ -88,7 +91,31 @@ def gutter(words: Sequence[Word], width: float) -> float | None:
     middle = float(free[len(free) // 2])
     left = sum(w[2] <= middle for w in words)
     right = sum(w[0] >= middle for w in words)
-    return middle if min(left, right) > 0.2 * len(words) else None
+    if min(left, right) <= 0.2 * len(words) or _table_across(words, middle):
+        return None
+    return middle
+
+
+def _table_across(words: Sequence[Word], middle: float) -> bool:
+    """Whether the words on both sides of ``middle`` are a table's columns rather than a page's:
+    most rows have words on both sides, on the same line (a table's rows), and neither side
+    reads as prose. The columns of a two-column page may share their baselines too (LaTeX's
+    do), but at least one of them holds prose: half its rows a single run of 5 words or more."""
+    height = statistics.median(w[3] - w[1] for w in words)
+    gap = max(1.2 * height, 8.0)
+    rows = _rows(words, tolerance=max(2.5, height * 0.3))
+    across = 0
+    filled = [0, 0]
+    prose = [0, 0]
+    for row in rows:
+        sides = ([w for w in row if w[2] <= middle], [w for w in row if w[0] >= middle])
+        across += bool(sides[0] and sides[1])
+        for i, side in enumerate(sides):
+            filled[i] += bool(side)
+            prose[i] += len(side) >= 5 and len(_segments(side, gap)) == 1
+    return across >= 2 / 3 * len(rows) and all(
+        p < n / 2 for p, n in zip(prose, filled, strict=True)
+    )
 
 
 def _rows(words: Sequence[Word], tolerance: float) -> list[list[Word]]:

@@ -20,6 +20,7 @@ from ingest.tables import (
     Table,
     closes_page,
     continuation,
+    gutter,
     insert_mark,
     looks_tabular,
     opens_page,
@@ -350,6 +351,43 @@ def test_a_caption_just_above_a_ruled_table_is_not_its_header(caption_gap: float
     assert first.body[0] == ("Hillside", "Bramley", "12")
     assert first.text().count("Apple harvest") == 1
     assert rest.header == first.header and rest.body[0] == ("Lakeside", "Gala", "7")
+
+
+def spec_sheet(columns: int) -> list[list[tuple[float, str]]]:
+    """An unruled table of ``columns`` columns spread over the page's width, with no prose."""
+    step = 450 / columns
+    names = ["Part", "Mass", "Length", "Width"][:columns]
+    rows = [[(72 + step * c, name) for c, name in enumerate(names)]]
+    for r in range(1, 7):
+        rows.append([(72, f"bolt{r}")] + [(72 + step * c, f"{r * c}.5") for c in range(1, columns)])
+    return rows
+
+
+@pytest.mark.parametrize("columns", [3, 4])
+def test_a_table_alone_on_a_page_is_not_split_at_a_gap_between_its_columns(columns: int) -> None:
+    """A gap between a table's columns is no page gutter: the words on both sides stand on the
+    same lines, and neither side is prose. Two prose columns on the same baselines still
+    have their gutter."""
+    words = words_of(spec_sheet(columns))
+    assert gutter(words, 612) is None
+    assert tabular_runs(words, 612) == [(7, columns)]
+    doc = pymupdf.open()
+    page = doc.new_page()
+    for r, row in enumerate(spec_sheet(columns)):
+        for x, text in row:
+            page.insert_text((x, 160 + 16 * r), text, fontsize=10)
+    (table,) = read_pdf(doc.tobytes(), "spec.pdf").tables
+    assert table.columns == columns and table.header[:2] == ("Part", "Mass")
+    line = [(0, "the"), (22, "pears"), (58, "ripen"), (94, "slowly"), (136, "in"), (150, "autumn")]
+    prose = words_of([[(x + dx, w) for x in (60, 320) for dx, w in line]] * 20)
+    assert gutter(prose, 612) is not None
+    # a table in the right column, its rows between the prose lines of the left one
+    left = words_of([[(60 + dx, w) for dx, w in line]] * 8)
+    bolts = words_of(
+        [[(330, f"bolt{r}"), (420, f"{r}.5"), (500, f"{2 * r}.5")] for r in range(6)], 107
+    )
+    assert gutter(left + bolts, 612) is not None
+    assert tabular_runs(left + bolts, 612) == [(6, 3)]
 
 
 def test_table_marks_become_table_chunks_under_their_section() -> None:
