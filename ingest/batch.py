@@ -265,9 +265,11 @@ def settings_key(chunker: ChunkerConfig | None, limits: PdfLimits | None) -> str
 
 
 PARSER_VERSION = 2
-"""Raised when parsing the same PDF gives other text (2: line-end hyphens of compounds,
-ranges and options kept; what follows a contents list kept; dotted spec lines no contents
-list), so an ingest parses again what an older parser indexed instead of skipping it."""
+"""Raised when parsing the same PDF gives other chunks, so an ingest parses again what an
+older parser indexed instead of skipping it. 2: line-end hyphens of compounds, ranges and
+options kept; what follows a contents list kept; dotted spec lines no contents list; three
+or more columns read column by column; headings placed at a line start; a table filed under
+the heading above it, its caption no header row, a table alone on a page found."""
 
 
 @dataclass(slots=True)
