@@ -255,21 +255,11 @@ def settings_key(chunker: ChunkerConfig | None, limits: PdfLimits | None) -> str
         ocr += f":max{p.max_ocr_pages}"
     # ids:2 — chunk ids name their document and collection (ingest.chunker.chunk_id_for):
     # documents indexed with the old ids are replaced on their next ingest, not skipped.
-    # parse:N — the parser's version (PARSER_VERSION), likewise.
     navigation = ";nav" if p.navigation_pages else ""  # contents and index pages indexed too
     return (
         f"{windows};min:{c.min_words};tables:{p.tables};ocr:{ocr};q:{p.min_quality};ids:2"
-        + (f";parse:{PARSER_VERSION}" if PARSER_VERSION > 1 else "")
         + navigation
     )
-
-
-PARSER_VERSION = 2
-"""Raised when parsing the same PDF gives other chunks, so an ingest parses again what an
-older parser indexed instead of skipping it. 2: line-end hyphens of compounds, ranges and
-options kept; what follows a contents list kept; dotted spec lines no contents list; three
-or more columns read column by column; headings placed at a line start; a table filed under
-the heading above it, its caption no header row, a table alone on a page found."""
 
 
 @dataclass(slots=True)

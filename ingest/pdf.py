@@ -46,8 +46,12 @@ from ragline.text import hyphen_breaks_a_word, seen_text
 _log = logging.getLogger(__name__)
 
 PDF_MAGIC = b"%PDF-"
-PARSER_VERSION = b"ragline-parser-10"
-"""Part of a document's identity: a parser change re-ingests unchanged files once."""
+PARSER_VERSION = b"ragline-parser-11"
+"""Part of a document's identity: a parser change re-ingests unchanged files once. 11: line-end
+hyphens of compounds, ranges and options kept; dotted spec lines no contents list, a paragraph
+after a contents list kept; three or more columns read column by column; headings placed at a
+line start; a table filed under the heading above it, its caption no header row, a table
+alone on a page found."""
 
 
 def document_identity(data: bytes, settings: str = "") -> str:

@@ -351,19 +351,6 @@ def test_contents_and_index_pages_are_left_out_and_a_title_above_them_kept(
     assert settings_key(None, PdfLimits(navigation_pages=True)) != settings_key(None, None)
 
 
-def test_a_new_parser_version_reparses_what_an_older_one_indexed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import ingest.batch
-
-    now = settings_key(None, None)
-    assert now.endswith(f";parse:{ingest.batch.PARSER_VERSION}")
-    monkeypatch.setattr(ingest.batch, "PARSER_VERSION", ingest.batch.PARSER_VERSION + 1)
-    assert settings_key(None, None) != now
-    monkeypatch.setattr(ingest.batch, "PARSER_VERSION", 1)  # keys written before versions
-    assert settings_key(None, None) == now.rsplit(";parse:", 1)[0]
-
-
 def test_a_name_with_an_invisible_character_has_an_id_that_shows_it() -> None:
     """A file "man<ZWSP>ual.pdf" would otherwise list exactly as another document "manual"."""
     from ingest.pdf import doc_id_for
