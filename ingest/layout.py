@@ -316,12 +316,18 @@ def without_navigation(text: str) -> str:
     marked = [i for i, line in enumerate(lines) if _LEADER.search(line)]  # an entry or its dots
     if not marked:
         return "\n".join(lines)
+    tail = [line for line in lines[marked[-1] + 1 :] if not _UNDOTTED_ENTRY.search(line)]
     kept = [
         part
-        for part in ("\n".join(lines[: marked[0]]), "\n".join(lines[marked[-1] + 1 :]))
+        for part in ("\n".join(lines[: marked[0]]), "\n".join(tail))
         if len(part.split()) >= MIN_NAVIGATION_HEAD_WORDS
     ]
     return "\n\n".join(kept)
+
+
+_UNDOTTED_ENTRY = re.compile(r"\s(?:\d+|[ivxlc]+)$", re.I)
+"""A contents entry without leader dots, as a book's chapters, appendices, bibliography and
+index close its contents list ("Index 45"): a line ending in a page number."""
 
 
 WEIRD_WEIGHT = 5.0

@@ -231,7 +231,10 @@ def same_version(stored: str | None, identity: str, limits: PdfLimits) -> bool:
     return had.isdigit() and not math.isinf(budget) and int(had) >= math.floor(budget)
 
 
-_HYPHEN_BREAK = re.compile(r"(-?)(\w+)-\n(\w+)")
+_HYPHEN_BREAK = re.compile(r"(-?)\b(\w+)-\n(?=(\w+))")
+"""A word ending a line in a hyphen, and the next line's word (looked at, not taken: it may end
+in a hyphen itself, "inter-" / "na-" / "tional"). Anchored at the word's start, so a long run
+of word characters is read once, not from each of its positions."""
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # all but the newline
 _BLANK_LINES = re.compile(r"\n{3,}")
@@ -240,8 +243,8 @@ _BLANK_LINES = re.compile(r"\n{3,}")
 def _rejoin(match: re.Match[str]) -> str:
     chain, head, rest = match.groups()
     if not chain and hyphen_breaks_a_word(head, rest):
-        return head + rest
-    return f"{chain}{head}-{rest}"  # the text's own hyphen: the line break becomes nothing
+        return head
+    return f"{chain}{head}-"  # the text's own hyphen: the line break becomes nothing
 
 
 def clean_page_text(text: str) -> str:
@@ -348,6 +351,11 @@ def read_pdf(
         try:
             extracted = _extract(doc, limits, started)
             outline = outline_of(doc)
+        except MemoryError as exc:  # the parser's memory cap, not the file's damage
+            raise bad(
+                "reading it took more memory than the parser may use "
+                "(RAGLINE_INGEST_WORKER_MEMORY_MIB)"
+            ) from exc
         except Exception as exc:
             raise bad(f"corrupt PDF: text extraction failed ({_library_says(exc, name)})") from exc
         if not any(extracted.texts):

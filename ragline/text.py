@@ -65,13 +65,17 @@ COMMON_ZIPF = 3.5
 def hyphen_breaks_a_word(head: str, rest: str) -> bool:
     """Whether the hyphen ending a line after ``head`` only broke the word ``head + rest``
     (the typesetter's: "exam-" / "ple"), not a hyphen of the text ("well-" / "known",
-    "1990-" / "2000", "non-" / "English"): the rest opens in lower case, both sides are
-    letters, and the joined word is fairly common, or one side is no common word of its own
-    ("serializa-" / "tion"), or the rest is three letters or fewer, a word's ending more
-    often than a word ("hyper-" / "ref"). A rare joined word of two common words is a
-    compound. (A head that follows a hyphen itself, "--with-" / "lapack", is the caller's
-    to keep: TeX breaks a word that has a hyphen only at its hyphens.)"""
-    if not (head.isalpha() and rest.isalpha() and rest[0].islower()):
+    "1990-" / "2000", "non-" / "English"): the rest opens in lower case (or both are in
+    capitals), both sides are letters, and the joined word is fairly common, or one side is
+    no common word of its own ("serializa-" / "tion"), or the rest is three letters or fewer,
+    a word's ending more often than a word ("hyper-" / "ref"). A rare joined word of two
+    common words is a compound. (A head that follows a hyphen itself, "--with-" / "lapack", is
+    the caller's to keep: TeX breaks a word that has a hyphen only at its hyphens.)"""
+    if not (head.isalpha() and rest.isalpha()):
+        return False
+    if head.isupper() and rest.isupper():  # a heading in capitals: "INTRO-" / "DUCTION"
+        head, rest = head.lower(), rest.lower()
+    elif not rest[0].islower():
         return False
     if english_zipf(head + rest) >= 2.5:
         return True

@@ -25,7 +25,7 @@ from retriever.models import DEVICE_PATTERN, PACKAGED_MINILM, PACKAGED_SPLADE, r
 
 MAX_DEADLINE_S = 7 * 86400.0
 """The longest deadline a setting or the CLI may give (gRPC's deadlines overflow far past it)."""
-MIN_WORKER_MEMORY_MIB = 512
+MIN_WORKER_MEMORY_MIB = 768
 
 
 def _section(prefix: str) -> SettingsConfigDict:

@@ -198,3 +198,12 @@ def test_navigation_pages_are_told_from_content_with_dots() -> None:
     assert is_navigation(contents + note)
     assert without_navigation(contents + note) == note
     assert without_navigation(contents + "Printed in Leeds") == ""
+    # a book's contents end in entries without dots (chapters, appendices, index): not a note
+    more = "Glazing . . . . . 12\nStacking . . . . . 15\nUnloading . . . . . 18\n"
+    book = contents + more + "".join(
+        f"{entry}\n"
+        for entry in ["4 Firing schedules for stoneware and porcelain glazes 21", "Bibliography 25",
+                      "A Tables of cone temperatures by heating rate 31", "Index 45"]
+    )  # fmt: skip
+    assert is_navigation(book) and without_navigation(book) == ""
+    assert without_navigation(book + note) == note

@@ -40,6 +40,8 @@ def test_a_line_end_hyphen_of_the_text_is_kept_and_a_typesetters_joins(
         "in 1990-\n2000 it ran": "in 1990-2000 it ran",
         "run ./configure --with-\nzlib first": "run ./configure --with-zlib first",
         "a non-\nEnglish sluice": "a non-English sluice",
+        "an inter-\nna-\ntional fair": "an international fair",  # the rest ends a line too
+        "1 INTRO-\nDUCTION": "1 INTRODUCTION",  # a heading in capitals
         "the cali-\nbrated gauge, hyper-\nref and serializa-\ntion": (
             "the calibrated gauge, hyperref and serialization"
         ),
@@ -378,3 +380,21 @@ def test_a_path_stored_before_names_were_escaped_is_the_same_file(tmp_path: Path
     sink: Any = Index()
     assert _held_by_other_path(sink, "kettle", folder / "kettle.pdf") is None
     assert "would replace it" in (_held_by_other_path(sink, "kettle", other / "kettle.pdf") or "")
+
+
+def test_running_out_of_memory_while_reading_says_so_not_corrupt(
+    make_pdf: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the parse workers' address-space cap a large but sound PDF can exhaust memory:
+    that is the cap's doing, and the report says which setting, not that the file is damaged."""
+    import ingest.pdf
+
+    def exhausted(*args: Any) -> Any:
+        raise MemoryError
+
+    path = make_pdf("mill.pdf", ["The mill grinds oats on Tuesdays."])
+    monkeypatch.setattr(ingest.pdf, "_extract", exhausted)
+    with pytest.raises(InvalidArgument) as caught:
+        read_pdf(path.read_bytes(), path.name)
+    assert "RAGLINE_INGEST_WORKER_MEMORY_MIB" in str(caught.value)
+    assert "corrupt" not in str(caught.value)

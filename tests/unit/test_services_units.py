@@ -240,7 +240,7 @@ def test_flags_out_of_range_are_usage_errors(
         ({"RAGLINE_SERVER_TOKEN": "a b"}, "should match pattern"),
         ({"RAGLINE_SERVER_TOKEN": "caf\u00e9"}, "should match pattern"),
         ({"RAGLINE_SERVER_TARGET": ""}, "at least 1 character"),
-        ({"RAGLINE_INGEST_WORKER_MEMORY_MIB": "1"}, "at least 512 MiB"),
+        ({"RAGLINE_INGEST_WORKER_MEMORY_MIB": "600"}, "at least 768 MiB"),
         ({"RAGLINE_INGEST_PARSE_TIMEOUT_S": "inf"}, "finite number"),
         ({"RAGLINE_INGEST_PARSE_TIMEOUT_S": "-1"}, "greater than or equal to 0"),
         ({"RAGLINE_RETRIEVER_INDEX_DIR": __file__}, "is not a folder"),
