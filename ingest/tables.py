@@ -327,7 +327,8 @@ def _is_caption(row: Sequence[str], caption: str) -> bool:
     if len(cells) != 1 or not caption:
         return False
     cell = " ".join(cells[0].split()).casefold()
-    return len(cell) >= 3 and cell in " ".join(caption.split()).casefold()
+    words = rf"(?<!\w){re.escape(cell)}(?!\w)"  # "Age" is no part of "Average income"
+    return len(cell) >= 3 and re.search(words, " ".join(caption.split()).casefold()) is not None
 
 
 def _leaders(rows: Sequence[Sequence[str]]) -> int:
@@ -400,13 +401,15 @@ def insert_mark(blocks: list[Block], mark: Block, height: float) -> None:
     below the table's top, else last. :func:`ingest.layout.reading_order` keeps that order on a
     single-column page, so the table is read after the text above it and before a heading
     below it (the section it is filed under); a two-column page is sorted by position anyway,
-    and a block of the other column is not beside the table. Margin blocks do not count: some
-    producers write the running footer first, which would file the table at the page's top."""
+    and a block of the other column is not beside the table. Margin blocks do not count (some
+    producers write the running footer first, which would file the table at the page's top),
+    but a table's own rows do where it reaches into the margin."""
     top, bottom = height * MARGIN, height * (1 - MARGIN)
     for i, block in enumerate(blocks):
+        in_body = block.y1 > top and block.y0 < bottom
+        in_table = block.y0 < mark.y1 and block.y1 > mark.y0  # a table may reach the margin
         if (
-            block.y1 > top
-            and block.y0 < bottom
+            (in_body or in_table)
             and block.x0 < mark.x1
             and block.x1 > mark.x0
             and (block.y0 + block.y1) / 2 > mark.y0

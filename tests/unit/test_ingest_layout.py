@@ -331,6 +331,12 @@ def test_a_table_mark_stands_before_the_first_block_below_it_in_its_column() -> 
     alone = [footer]
     insert_mark(alone, table, 792)
     assert alone == [footer, table]
+    # a table at the page's top, its first rows within the margin: the mark before them
+    high = Block(38, 82, "[[ragline-table-1]]", 54, 558, pinned=True)
+    rows = [Block(40, 60, "kiln cone", 54, 558), Block(62, 80, "six eight", 54, 558)]
+    page = [*rows, Block(100, 200, "text below the table", 54, 558)]
+    insert_mark(page, high, 792)
+    assert page[0] == high
 
 
 @pytest.mark.parametrize("caption_gap", [8, 20])
@@ -351,6 +357,16 @@ def test_a_caption_just_above_a_ruled_table_is_not_its_header(caption_gap: float
     assert first.body[0] == ("Hillside", "Bramley", "12")
     assert first.text().count("Apple harvest") == 1
     assert rest.header == first.header and rest.body[0] == ("Lakeside", "Gala", "7")
+
+
+def test_a_header_cell_is_a_caption_only_as_its_whole_words() -> None:
+    """A header cell "Age" under the caption "Average income" is the table's header."""
+    from ingest.tables import _is_caption
+
+    assert _is_caption(["", "Apple harvest", ""], "Table 1: Apple harvest")
+    assert not _is_caption(["", "Age", ""], "Table 1: Average income by region")
+    assert not _is_caption(["Total", "", ""], "Table 4: Subtotals and totals")
+    assert not _is_caption(["Orchard", "Variety", ""], "Table 1: Orchard variety")
 
 
 def spec_sheet(columns: int) -> list[list[tuple[float, str]]]:
