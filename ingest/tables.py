@@ -253,6 +253,8 @@ def extract_tables(
             header, rows = rows[0], rows[1:]
         if len(header) < 2 or not rows or _leaders(rows) > 0.3 * len(rows):
             continue
+        if _prose_in_columns([header, *rows]):
+            continue
         tables.append(
             Table(
                 header=tuple(header),
@@ -329,6 +331,39 @@ def _is_caption(row: Sequence[str], caption: str) -> bool:
     cell = " ".join(cells[0].split()).casefold()
     words = rf"(?<!\w){re.escape(cell)}(?!\w)"  # "Age" is no part of "Average income"
     return len(cell) >= 3 and re.search(words, " ".join(caption.split()).casefold()) is not None
+
+
+def _prose_in_columns(rows: Sequence[Sequence[str]]) -> bool:
+    """Whether a "table" is a page of prose set in columns (a newsletter): the lines of its
+    columns share baselines, so the gate and ``find_tables``'s text strategy see aligned
+    columns and make each line a row. Then every column is wordy (most cells hold
+    :data:`PROSE_WORDS` words or more) and a third of the cells or more carry a sentence on
+    into the cell below (no sentence end, the next starting in lower case): wrapped lines
+    break mid-sentence. A real table has a column of short cells (names, numbers) even when
+    another holds a sentence a row, and such sentences start afresh in each row."""
+    columns = [
+        [c for c in (row[i] for row in rows if i < len(row)) if c] for i in range(len(rows[0]))
+    ]
+    if not all(_wordy(column) for column in columns):
+        return False
+    pairs = [(a, b) for column in columns for a, b in zip(column, column[1:], strict=False)]
+    carried = sum(_carries_on(a, b) for a, b in pairs)
+    return bool(pairs) and carried >= len(pairs) / 3
+
+
+PROSE_WORDS = 4
+"""Words of a cell that reads as a line of prose rather than a table value."""
+_LINE_END = (".", "!", "?", ":", ";")
+_OPENING = "\"'(\u201c\u2018["
+
+
+def _wordy(cells: Sequence[str]) -> bool:
+    return len(cells) >= 2 and sum(len(c.split()) >= PROSE_WORDS for c in cells) > len(cells) / 2
+
+
+def _carries_on(above: str, below: str) -> bool:
+    """Whether ``below`` goes on with the sentence ``above`` breaks off."""
+    return not above.endswith(_LINE_END) and below.lstrip(_OPENING)[:1].islower()
 
 
 def _leaders(rows: Sequence[Sequence[str]]) -> int:

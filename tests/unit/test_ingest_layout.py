@@ -109,6 +109,105 @@ def test_a_three_column_page_reads_each_column_top_to_bottom(
     assert order == sorted(order), text
 
 
+NEWSLETTER = [
+    [
+        "The village bakery now opens at six.",
+        "Its rye loaves sell out before eight.",
+        "A second oven arrives in the spring.",
+    ],
+    [
+        "The footpath to the mill is repaired.",
+        "Volunteers laid new gravel last week.",
+        "Dogs must be kept on a lead there.",
+    ],
+    [
+        "The choir meets on Thursday evenings.",
+        "New singers are welcome at any time.",
+        "The winter concert is in the chapel.",
+    ],
+]
+
+
+def newsletter_pdf(path: Path, column_width: float) -> Path:
+    """A newsletter page: a full-width title, three columns of three paragraphs, each a
+    sentence said four times, and a full-width closing line. The title's words cross both
+    gaps between the columns, so no gutter splits the page for the table gate."""
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    title = "Valley Newsletter: A Bakery Opening, A Mended Footpath And Choir Rehearsals"
+    page.insert_textbox(pymupdf.Rect(40, 50, 570, 80), title)
+    for c, paragraphs in enumerate(NEWSLETTER):
+        for k, sentence in enumerate(paragraphs):
+            x, y = 40 + c * 185, 100 + k * 180
+            text = " ".join([sentence] * 4)
+            page.insert_textbox(pymupdf.Rect(x, y, x + column_width, y + 150), text, fontsize=9)
+    closing = "The next issue comes out at the end of the month, with the parish council news."
+    page.insert_textbox(pymupdf.Rect(40, 650, 570, 690), closing)
+    doc.save(path)
+    return path
+
+
+@pytest.mark.parametrize("column_width", [165, 120])
+def test_a_three_column_newsletter_is_prose_not_a_table(
+    tmp_path: Path, column_width: float
+) -> None:
+    """With tables on, three columns of prose under a full-width title are no table: their
+    lines stand on shared baselines, so the gate and ``find_tables`` see three aligned
+    columns, but every column's cells are the lines of running sentences."""
+    path = newsletter_pdf(tmp_path / "news.pdf", column_width)
+    parsed = read_pdf(path.read_bytes(), path.name)
+    assert parsed.tables == ()
+    text = " ".join(parsed.pages[0].split())
+    assert "ragline-table" not in text
+    expected = ["Valley Newsletter", *(s for c in NEWSLETTER for s in c), "The next issue"]
+    order = [text.index(s) for s in expected]
+    assert order == sorted(order), text
+
+
+SETTINGS = [
+    ("Setting", "Default", "Meaning"),
+    ("retries", "3", "how many times a failed upload is tried again before giving up"),
+    ("timeout", "30", "seconds the client waits for the server to answer one request"),
+    ("chunk", "512", "kilobytes sent in each part of a large upload, the last one shorter"),
+    ("verify", "yes", "whether the server certificate is checked against trusted roots"),
+    ("proxy", "none", "the address of the proxy every request goes through, if there is one"),
+]
+
+
+REMEDIES = [
+    ("Symptom", "Likely cause", "What to do"),
+    ("The pump will not start", "No power reaches the motor", "Check the fuse and the wiring"),
+    ("The pump gives no water", "Air is trapped in the inlet", "Open the bleed valve briefly"),
+    ("The pump is very loud", "A bearing is worn out", "Replace the bearing kit soon"),
+    ("Water leaks at the seal", "The seal ring is dry", "Fit a new ring and grease it"),
+]
+
+
+@pytest.mark.parametrize(
+    ("rows", "columns_x"), [(SETTINGS, (72, 160, 220)), (REMEDIES, (72, 230, 390))]
+)
+def test_a_table_with_columns_of_sentences_is_still_a_table(
+    tmp_path: Path, rows: list[tuple[str, ...]], columns_x: tuple[float, ...]
+) -> None:
+    """Wordy tables stay tables: a settings table whose last column holds a sentence a row
+    (lower case, no full stop, like running text's lines) has short columns beside it; in a
+    table of remedies every column is wordy, but each row starts its phrases afresh."""
+    doc = pymupdf.open()
+    page = doc.new_page(width=612, height=792)
+    intro = "The client reads these settings from its file at start; each can be given again. "
+    page.insert_textbox(pymupdf.Rect(72, 100, 540, 160), intro * 2, fontsize=10)
+    for r, row in enumerate(rows):
+        for x, cell in zip(columns_x, row, strict=True):
+            page.insert_text((x, 200 + 22 * r), cell, fontsize=9)
+    after = "A setting given on the command line wins over the same setting in the file. "
+    page.insert_textbox(pymupdf.Rect(72, 360, 540, 460), after * 3, fontsize=10)
+    path = tmp_path / "settings.pdf"
+    doc.save(path)
+    (table,) = read_pdf(path.read_bytes(), path.name).tables
+    assert table.header == rows[0]
+    assert table.body == tuple(rows[1:])
+
+
 def test_reading_order_splits_every_column_and_keeps_spanning_blocks_as_breaks() -> None:
     """Four columns, with a block spanning the right two columns halfway down: the right pair
     is read to the spanning block, then the spanning block, then the pair again below it."""
