@@ -89,19 +89,9 @@ def test_a_three_column_page_reads_each_column_top_to_bottom(
     """Three columns of three paragraphs under a full-width title, and a full-width closing
     line: each column is read whole, left to right, not the second and third in turn. (Tables
     off: the table gate is not under test here.)"""
-    doc = pymupdf.open()
-    page = doc.new_page(width=612, height=792)
     title = "Three Landscapes Seen In One Day: A Harbour, An Orchard And A Glacier Valley"
-    page.insert_textbox(pymupdf.Rect(40, 50, 570, 80), title)
-    for c, paragraphs in enumerate(COLUMNS):
-        for k, sentence in enumerate(paragraphs):
-            x, y = 40 + c * 185, 100 + k * 180
-            text = " ".join([sentence] * 4)
-            page.insert_textbox(pymupdf.Rect(x, y, x + column_width, y + 150), text, fontsize=9)
     closing = "All three were seen before noon, on one walk, by one tired but very happy hiker."
-    page.insert_textbox(pymupdf.Rect(40, 650, 570, 690), closing)
-    path = tmp_path / "three.pdf"
-    doc.save(path)
+    path = columns_pdf(tmp_path / "three.pdf", title, COLUMNS, closing, column_width)
     pages = read_pdf(path.read_bytes(), path.name, PdfLimits(tables=False)).pages
     text = " ".join(pages[0].split())
     expected = ["Three Landscapes", *(s for column in COLUMNS for s in column), "All three were"]
@@ -128,23 +118,30 @@ NEWSLETTER = [
 ]
 
 
-def newsletter_pdf(path: Path, column_width: float) -> Path:
-    """A newsletter page: a full-width title, three columns of three paragraphs, each a
-    sentence said four times, and a full-width closing line. The title's words cross both
-    gaps between the columns, so no gutter splits the page for the table gate."""
+def columns_pdf(
+    path: Path, title: str, columns: list[list[str]], closing: str, column_width: float
+) -> Path:
+    """A page of a full-width title, ``columns`` of paragraphs (each a sentence said four
+    times) and a full-width closing line."""
     doc = pymupdf.open()
     page = doc.new_page(width=612, height=792)
-    title = "Valley Newsletter: A Bakery Opening, A Mended Footpath And Choir Rehearsals"
     page.insert_textbox(pymupdf.Rect(40, 50, 570, 80), title)
-    for c, paragraphs in enumerate(NEWSLETTER):
+    for c, paragraphs in enumerate(columns):
         for k, sentence in enumerate(paragraphs):
             x, y = 40 + c * 185, 100 + k * 180
             text = " ".join([sentence] * 4)
             page.insert_textbox(pymupdf.Rect(x, y, x + column_width, y + 150), text, fontsize=9)
-    closing = "The next issue comes out at the end of the month, with the parish council news."
     page.insert_textbox(pymupdf.Rect(40, 650, 570, 690), closing)
     doc.save(path)
     return path
+
+
+def newsletter_pdf(path: Path, column_width: float) -> Path:
+    """A newsletter page. Its title's words cross both gaps between the columns, so no gutter
+    splits the page for the table gate."""
+    title = "Valley Newsletter: A Bakery Opening, A Mended Footpath And Choir Rehearsals"
+    closing = "The next issue comes out at the end of the month, with the parish council news."
+    return columns_pdf(path, title, NEWSLETTER, closing, column_width)
 
 
 @pytest.mark.parametrize("column_width", [165, 120])
