@@ -51,7 +51,7 @@ PARSER_VERSION = b"ragline-parser-11"
 hyphens of compounds, ranges and options kept; dotted spec lines no contents list, a paragraph
 after a contents list kept; three or more columns read column by column; headings placed at a
 line start; a table filed under the heading above it, its caption no header row, a table
-alone on a page found."""
+alone on a page found, prose set in columns no table."""
 
 
 def document_identity(data: bytes, settings: str = "") -> str:
