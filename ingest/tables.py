@@ -336,25 +336,35 @@ def _is_caption(row: Sequence[str], caption: str) -> bool:
 def _prose_in_columns(rows: Sequence[Sequence[str]]) -> bool:
     """Whether a "table" is a page of prose set in columns (a newsletter): the lines of its
     columns share baselines, so the gate and ``find_tables``'s text strategy see aligned
-    columns and make each line a row. Then every column is wordy (most cells hold
-    :data:`PROSE_WORDS` words or more) and a third of the cells or more carry a sentence on
-    into the cell below (no sentence end, the next starting in lower case): wrapped lines
-    break mid-sentence. A real table has a column of short cells (names, numbers) even when
-    another holds a sentence a row, and such sentences start afresh in each row."""
+    columns and make each line a row. Then, below the header, every column is wordy (most
+    cells hold :data:`PROSE_WORDS` words or more), most columns carry a sentence on from a
+    third or more of their cells into the cell below (no sentence end, the next in lower case:
+    wrapped lines break mid-sentence), and sentences end inside a quarter of the cells or more
+    (". The": a line of prose holds a sentence's end and the next one's start). A table of
+    phrases, commands or definitions in lower case carries on too, but its cells hold no
+    sentence's end; a column of names or numbers is not wordy."""
+    body = rows[1:]
     columns = [
-        [c for c in (row[i] for row in rows if i < len(row)) if c] for i in range(len(rows[0]))
+        [c for c in (row[i] for row in body if i < len(row)) if c] for i in range(len(rows[0]))
     ]
-    if not all(_wordy(column) for column in columns):
+    if not columns or not all(_wordy(column) for column in columns):
         return False
-    pairs = [(a, b) for column in columns for a, b in zip(column, column[1:], strict=False)]
-    carried = sum(_carries_on(a, b) for a, b in pairs)
-    return bool(pairs) and carried >= len(pairs) / 3
+    carrying = 0
+    for column in columns:
+        pairs = list(zip(column, column[1:], strict=False))
+        carrying += sum(_carries_on(a, b) for a, b in pairs) >= len(pairs) / 3
+    if carrying <= len(columns) / 2:
+        return False
+    cells = [cell for column in columns for cell in column]
+    return sum(_SENTENCE_INSIDE.search(cell) is not None for cell in cells) >= len(cells) / 4
 
 
-PROSE_WORDS = 4
+PROSE_WORDS = 5
 """Words of a cell that reads as a line of prose rather than a table value."""
 _LINE_END = (".", "!", "?", ":", ";")
 _OPENING = "\"'(\u201c\u2018["
+_SENTENCE_INSIDE = re.compile(r"\w[.!?][\"'\u201d\u2019)]?\s+[\"'(\u201c\u2018]?[A-Z]")
+"""A sentence's end and the next one's start within a cell ("at six. The")."""
 
 
 def _wordy(cells: Sequence[str]) -> bool:
@@ -442,7 +452,8 @@ def insert_mark(blocks: list[Block], mark: Block, height: float) -> None:
     top, bottom = height * MARGIN, height * (1 - MARGIN)
     for i, block in enumerate(blocks):
         in_body = block.y1 > top and block.y0 < bottom
-        in_table = block.y0 < mark.y1 and block.y1 > mark.y0  # a table may reach the margin
+        # a table's own rows in the top margin (not a footer written first: the bottom one)
+        in_table = block.y0 < top and block.y0 < mark.y1 and block.y1 > mark.y0
         if (
             (in_body or in_table)
             and block.x0 < mark.x1

@@ -180,8 +180,14 @@ REMEDIES = [
 ]
 
 
+# every column wordy and in lower case, so each row "carries on" into the next; no cell holds
+# a sentence's end, as a line of prose often does
+REMEDIES_LOWER = [REMEDIES[0], *[tuple(c.lower() for c in row) for row in REMEDIES[1:]]]
+
+
 @pytest.mark.parametrize(
-    ("rows", "columns_x"), [(SETTINGS, (72, 160, 220)), (REMEDIES, (72, 230, 390))]
+    ("rows", "columns_x"),
+    [(SETTINGS, (72, 160, 220)), (REMEDIES, (72, 230, 390)), (REMEDIES_LOWER, (72, 230, 390))],
 )
 def test_a_table_with_columns_of_sentences_is_still_a_table(
     tmp_path: Path, rows: list[tuple[str, ...]], columns_x: tuple[float, ...]
@@ -427,6 +433,15 @@ def test_a_table_mark_stands_before_the_first_block_below_it_in_its_column() -> 
     alone = [footer]
     insert_mark(alone, table, 792)
     assert alone == [footer, table]
+    # a table reaching into the bottom margin beside the footer written first: still after
+    # the text above it
+    low = Block(620, 760, "[[ragline-table-2]]", 54, 558, pinned=True)
+    text = Block(100, 600, "text above the table", 54, 558)
+    low_rows = [Block(620, 700, "cone six", 54, 558), Block(705, 757, "cone eight", 54, 558)]
+    page_footer = Block(745, 757, "Kiln report, page 3", 54, 558)
+    bottom = [page_footer, text, *low_rows]
+    insert_mark(bottom, low, 792)
+    assert bottom == [page_footer, text, low, *low_rows]
     # a table at the page's top, its first rows within the margin: the mark before them
     high = Block(38, 82, "[[ragline-table-1]]", 54, 558, pinned=True)
     rows = [Block(40, 60, "kiln cone", 54, 558), Block(62, 80, "six eight", 54, 558)]
