@@ -166,6 +166,8 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "encode_device.json")
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device here (use cpu)")
     check_report(args.out)  # before the run, not after it
 
     unique, questions = load_passages(args.questions)

@@ -144,6 +144,8 @@ def main() -> int:
     parser.add_argument("-k", type=positive, default=10)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "security.json")
     args = parser.parse_args()
+    if args.tokens < 2:  # one token for every collection, one limited to a collection
+        parser.error("--tokens must be at least 2")
     check_report(args.out)  # before the run, not after it
     if not (args.index_dir / "CURRENT").exists():
         raise SystemExit(f"no index at {args.index_dir}: run `make run` (or `make ingest`) first")

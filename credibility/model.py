@@ -256,6 +256,11 @@ class PairClassifier:
                 )
             try:
                 tokenizer, model, calibrator, report = self._load()
+            except ImportError as exc:  # the install, not the checkpoint: retraining won't help
+                raise FailedPrecondition(
+                    f"the credibility classifier cannot load: {_said(exc)}; "
+                    "install ragline's dependencies again (`make setup`)"
+                ) from exc
             except Exception as exc:
                 # A cut-short weights file, a calibration or report that is not one: whatever
                 # transformers, safetensors or json raise, it is the checkpoint, not a bug.

@@ -81,3 +81,24 @@ def test_counts_below_one_are_refused_in_one_line(capsys: pytest.CaptureFixture[
         assert stopped.value.code == 2
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err
+
+
+def test_bench_options_that_cannot_run_here_stop_at_the_command_line() -> None:
+    """``bench/security.py --tokens 1`` has no token limited to one collection, and
+    ``bench/encode_device.py --device cuda`` on a machine without CUDA has no device: both
+    were tracebacks after the setup, now one usage line and exit status 2."""
+    import subprocess
+    import sys
+
+    import torch
+
+    runs = [["bench/security.py", "--tokens", "1"]]
+    if not torch.cuda.is_available():  # with CUDA here, the second is a valid run
+        runs.append(["bench/encode_device.py", "--device", "cuda"])
+    root = Path(__file__).resolve().parents[2]
+    for args in runs:
+        done = subprocess.run(
+            [sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2, done.stderr
+        assert "error: --" in done.stderr and "Traceback" not in done.stderr

@@ -587,3 +587,24 @@ def test_the_tokenizer_is_given_only_what_the_model_can_read() -> None:
         encode_pairs(spy, [query], [endless], 64)
     assert seen and all(len(p) <= 64 * CHARS_PER_TOKEN for p in seen)
     assert len(seen[-1].split()) == 64
+
+
+def test_a_checkpoint_that_cannot_load_for_a_missing_library_is_not_called_damaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retraining cannot mend a missing package: the message names the install."""
+    from credibility.model import PairClassifier
+    from ragline.errors import FailedPrecondition
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "calibration.json").write_text("{}")
+
+    def missing(self: PairClassifier) -> None:
+        raise ImportError("No module named 'transformers'")
+
+    monkeypatch.setattr(PairClassifier, "_load", missing)
+    with pytest.raises(FailedPrecondition) as caught:
+        PairClassifier(tmp_path).warm_up()
+    assert "No module named 'transformers'" in str(caught.value)
+    assert "make setup" in str(caught.value) and "damaged" not in str(caught.value)
